@@ -1,0 +1,21 @@
+"""User-facing errors: one line, naming the bad value and the valid choices."""
+
+
+class ConfigError(ValueError):
+    """Bad user input (flag, config value, data path, checkpoint).
+
+    Binaries print `str(error)` on one line and exit with status 2.
+    """
+
+
+def choose(kind, name, table):
+    """Looks `name` up in `table` (a dict); unknown names raise ConfigError.
+
+    Example: `choose("loss", "hinj", LOSSES)` raises
+    `ConfigError("unknown loss 'hinj'; valid: hinge, least_squares, ...")`.
+    """
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        valid = ", ".join(sorted(table))
+        raise ConfigError(f"unknown {kind} {name!r}; valid: {valid}") from None

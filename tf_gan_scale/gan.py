@@ -1,0 +1,227 @@
+"""GAN(keras.Model): a generator/discriminator pair trained with Keras `fit` under any strategy.
+
+    with strategy.scope():
+        gan = GAN(generator=g, discriminator=d, latent_dim=100, seed=0)
+        gan.compile(g_optimizer=keras.optimizers.Adam(1e-4),
+                    d_optimizer=keras.optimizers.Adam(1e-4), loss="hinge", d_steps=1)
+    gan.fit(dataset, epochs=..., steps_per_epoch=...)
+
+One training step = `d_steps` discriminator updates, each on its own real batch, then one
+generator update. The step counter is `g_optimizer.iterations`.
+
+This class owns the step loop (`make_train_function`) and so the gradient all-reduce:
+Keras 3's own loop cannot run a GAN under multi-worker strategies (see
+KERAS3_DISTRIBUTE_NOTES: scalar-log reduction, steps_per_execution > 1), and a GAN needs
+two optimizers anyway. Distributed math, in one place each:
+  * losses are per example and reduced with `replica.global_mean` (divide by the GLOBAL
+    batch once; the optimizer sums gradients across replicas);
+  * latents and penalty noise come from `latents`, a function of (seed, step, global index);
+  * batch statistics are cross-replica (`synchronized=True` BN in the architectures).
+"""
+
+import keras
+import tensorflow as tf
+
+from tf_gan_scale import latents, losses, penalties, replica
+
+
+def _unpack(batch):
+    """Real images and labels from a batch: a dict {"x"|"image", "label"}, an (x, y) tuple,
+    or a bare tensor. Returns (x [B, ...] float32, labels [B] int32)."""
+    if isinstance(batch, dict):
+        x = batch["x"] if "x" in batch else batch["image"]
+        labels = batch.get("label")
+    elif isinstance(batch, (tuple, list)):
+        x, labels = batch[0], (batch[1] if len(batch) > 1 else None)
+    else:
+        x, labels = batch, None
+    x = tf.cast(x, tf.float32)
+    if labels is None:
+        labels = tf.zeros([tf.shape(x)[0]], tf.int32)
+    return x, tf.cast(labels, tf.int32)
+
+
+class GAN(keras.Model):
+    """A generator/discriminator pair with a distributed GAN train step.
+
+    Args:
+        generator: keras.Model, [B, latent_dim] -> [B, *data_shape].
+        discriminator: keras.Model, [B, *data_shape] -> [B, 1] (or [B]) logits.
+        latent_dim: int, size of z ~ N(0, I).
+        seed: int, seeds all training randomness (latents, penalty noise).
+        **kwargs: passed to keras.Model (e.g. `name`).
+
+    Calling the model, `gan(z)`, runs the generator in inference mode.
+    """
+
+    def __init__(self, generator, discriminator, latent_dim, *, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.generator = generator
+        self.discriminator = discriminator
+        self.latent_dim = int(latent_dim)
+        self.seed = int(seed)
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        if not generator.built:
+            generator.build((None, self.latent_dim))
+        if not discriminator.built:
+            discriminator.build((None,) + tuple(generator.output_shape[1:]))
+        # The wrapper has no call graph of its own; Keras' fit would try to trace one.
+        self.built = True
+
+    def get_config(self):
+        return {"latent_dim": self.latent_dim, "seed": self.seed, "name": self.name,
+                "generator": keras.saving.serialize_keras_object(self.generator),
+                "discriminator": keras.saving.serialize_keras_object(self.discriminator)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        g = keras.saving.deserialize_keras_object(config.pop("generator"))
+        d = keras.saving.deserialize_keras_object(config.pop("discriminator"))
+        return cls(g, d, **config)
+
+    def compile(self, *, g_optimizer, d_optimizer, loss="hinge", d_steps=1, penalty="none",
+                penalty_weight=0.0, steps_per_execution=1):
+        """Configures training.
+
+        Args:
+            g_optimizer / d_optimizer: keras optimizers (or names) for G and D.
+            loss: a name in losses.LOSSES or a callable with the same contract.
+            d_steps: int >= 1, discriminator updates per generator update.
+            penalty: a name in penalties.PENALTIES ("none", "wgan_gp", "r1").
+            penalty_weight: float, multiplies the per-example penalty in the D loss.
+            steps_per_execution: int >= 1, training steps per call of the step function.
+        """
+        if int(d_steps) < 1:
+            raise ValueError(f"d_steps must be >= 1; Received: d_steps={d_steps}")
+        super().compile(steps_per_execution=steps_per_execution, jit_compile=False)
+        self.g_optimizer = keras.optimizers.get(g_optimizer)
+        self.d_optimizer = keras.optimizers.get(d_optimizer)
+        self.loss_fn = losses.get(loss)
+        self.penalty_fn = penalties.get(penalty)
+        self.penalty_weight = float(penalty_weight)
+        self.d_steps = int(d_steps)
+        # Optimizers must own their slots before the step function is traced under a
+        # strategy, or the first step fails with a placeholder error.
+        with self.distribute_strategy.scope():
+            self.g_optimizer.build(self.generator.trainable_variables)
+            self.d_optimizer.build(self.discriminator.trainable_variables)
+        self.train_function = None
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    @property
+    def step(self):
+        """Generator steps taken so far (int64 variable)."""
+        return self.g_optimizer.iterations
+
+    def call(self, z, training=False):
+        return self.generator(z, training=training)
+
+    def checkpoint_items(self):
+        """What a checkpoint must hold for an exact resume (the step is g_optimizer's)."""
+        return {"generator": self.generator, "discriminator": self.discriminator,
+                "g_optimizer": self.g_optimizer, "d_optimizer": self.d_optimizer}
+
+    # ---- per-replica step -------------------------------------------------------------
+
+    def _d_update(self, real, step, k):
+        """One D update on this replica's real batch [B, ...]; returns per-example loss [B]."""
+        b = tf.shape(real)[0]
+        gb = replica.global_batch_size(b)
+        z = latents.replica_normal(self.seed, step, k, b, [self.latent_dim])
+        fake = self.generator(z, training=True)
+        with tf.GradientTape() as tape:
+            real_logits = self.discriminator(real, training=True)
+            fake_logits = self.discriminator(fake, training=True)
+            per_example = self.loss_fn(real_logits=real_logits, fake_logits=fake_logits).d
+            if self.penalty_fn is not None:
+                noise = latents.replica_uniform(self.seed, step, latents.PENALTY_PHASE + k, b, [])
+                per_example += self.penalty_weight * self.penalty_fn(
+                    self.discriminator, real=real, fake=fake, noise=noise)
+            # This replica's share of the global mean; apply_gradients sums the shares.
+            loss = replica.global_mean(per_example, gb)
+        grads = tape.gradient(loss, self.discriminator.trainable_variables)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_variables))
+        return per_example
+
+    def _g_update(self, b, step):
+        """One G update on a fresh latent batch of size b; returns per-example loss [B]."""
+        gb = replica.global_batch_size(b)
+        z = latents.replica_normal(self.seed, step, latents.G_PHASE, b, [self.latent_dim])
+        with tf.GradientTape() as tape:
+            fake = self.generator(z, training=True)
+            fake_logits = self.discriminator(fake, training=True)
+            # real_logits only feed the D term, which G's gradient ignores.
+            per_example = self.loss_fn(real_logits=fake_logits, fake_logits=fake_logits).g
+            loss = replica.global_mean(per_example, gb)
+        grads = tape.gradient(loss, self.generator.trainable_variables)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_variables))
+        return per_example
+
+    def train_step(self, data):
+        """One GAN step on this replica. Runs inside `strategy.run`.
+
+        Args:
+            data: with d_steps == 1 a batch; otherwise a tuple of `d_steps` batches, one
+                real batch per D update (the step loop packs them). A batch is
+                {"x": [B, ...], "label": [B]}, an (x, y) tuple or a tensor.
+
+        Returns:
+            dict of the running global means of d_loss and g_loss.
+        """
+        batches = (data,) if self.d_steps == 1 else tuple(data)
+        step = self.step
+        for k, batch in enumerate(batches):
+            real, _ = _unpack(batch)
+            d_per_example = self._d_update(real, step, k)
+            # Mean trackers sum (total, count) over replicas when read; every replica holds
+            # an equal share of the global batch, so the mean of the local means is the
+            # global mean (not 1/N of it, as a scaled loss would be).
+            self.d_loss_tracker.update_state(tf.reduce_mean(d_per_example))
+        g_per_example = self._g_update(tf.shape(real)[0], step)
+        self.g_loss_tracker.update_state(tf.reduce_mean(g_per_example))
+        return {m.name: m.result() for m in self.metrics}
+
+    # ---- the step loop ----------------------------------------------------------------
+
+    def make_train_function(self, force=False):
+        """`steps_per_execution` GAN steps per call, each pulling `d_steps` batches from the
+        distributed iterator and running `train_step` on every replica; returns the global
+        means of the trackers, read in cross-replica context (so reduced over replicas)."""
+        if self.train_function is not None and not force:
+            return self.train_function
+        strategy = self.distribute_strategy
+        d_steps = self.d_steps
+        steps = int(self.steps_per_execution or 1)
+
+        def one_step(iterator):
+            batches = tuple(next(iterator) for _ in range(d_steps))
+            strategy.run(self.train_step, args=(batches if d_steps > 1 else batches[0],))
+
+        @tf.function
+        def train_function(iterator):
+            if steps == 1:
+                one_step(iterator)
+            else:
+                for _ in tf.range(steps):
+                    one_step(iterator)
+            return {m.name: m.result() for m in self.metrics}
+
+        self.train_function = train_function
+        return train_function
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras' version pulls a batch off the iterator (shifting the data order) and calls
+        # strategy.reduce on it eagerly, which fails under MultiWorkerMirroredStrategy
+        # (keras-team/keras#20585). Both networks are built in __init__, so skip it.
+        return
+
+    def generate(self, z, batch_size=256):
+        """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
+        out = [self.generator(z[i:i + batch_size], training=False)
+               for i in range(0, int(z.shape[0]), batch_size)]
+        return tf.concat(out, 0)
