@@ -1,0 +1,83 @@
+"""Shared command-line plumbing for the binary and tools: one-line errors, exit code 2."""
+
+import runpy
+import sys
+
+from absl import app, flags
+
+from tf_gan_scale import errors
+
+
+def fail(message):
+    """Prints `error: MESSAGE` on one line to stderr and exits with status 2 (bad input)."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+_BAD_CONFIG = (flags.Error, KeyError, AttributeError, TypeError, ValueError, OSError,
+               SyntaxError, ImportError)
+
+
+def _config_path(argv):
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _unknown_override(argv):
+    """For a `--config.a.b=v` naming no key: "unknown config key 'a.b'; valid: ..."."""
+    path = _config_path(argv)
+    try:
+        config = runpy.run_path(path)["get_config"]()
+    except Exception:  # The config itself is broken: let the original error speak.
+        return None
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        node, keys = config, arg[len("--config."):].split("=", 1)[0].split(".")
+        for depth, key in enumerate(keys):
+            if not hasattr(node, "keys") or key not in node:
+                valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "none"
+                where = ".".join(keys[:depth]) or "config"
+                return (f"unknown config key {'.'.join(keys)!r}; valid keys of {where}: "
+                        f"{valid}")
+            node = node[key]
+    return None
+
+
+def _parse_flags(argv):
+    # absl would print the usage text and exit 1; a bad flag, config file or config
+    # override (a typo under lock_config) is bad input: one line, exit 2.
+    try:
+        return flags.FLAGS(argv)
+    except _BAD_CONFIG as e:
+        fail(_unknown_override(argv) or e)
+
+
+def config_value(holder):
+    """The value of a DEFINE_config_file flag; loading errors become ConfigError."""
+    try:
+        value = holder.value
+        if value is not None:
+            value.keys()  # A config that failed to load raises on first attribute access.
+        return value
+    except _BAD_CONFIG as e:
+        first = str(e).strip().replace("\n", " ")
+        raise errors.ConfigError(f"cannot load --config: {first}") from None
+
+
+def run(main):
+    """app.run(main) where main's ConfigError and bad flags become one line + exit 2."""
+
+    def guarded(argv):
+        if len(argv) > 1:
+            fail(f"unexpected arguments: {' '.join(argv[1:])}")
+        try:
+            return main(argv)
+        except errors.ConfigError as e:
+            fail(e)
+
+    app.run(guarded, flags_parser=_parse_flags)

@@ -1,0 +1,49 @@
+"""The default config: every key a run reads, in one place.
+
+Experiment files (`experiments/*.py`) start from `base()` and override; with
+`lock_config=True` a typo in an override (`--config.train.num_stpes=5`) fails.
+
+Stable keys (a contract): config.seed, config.data.source, config.train.num_steps,
+config.train.global_batch_size, and for dcgan config.model.d_dropout.
+"""
+
+import ml_collections
+
+from tf_gan_scale import data
+
+
+def base():
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # Seeds latents, penalty noise, data order and weight init.
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = data.DEFAULT_SOURCE
+
+    # name and latent_dim, plus the options of architectures.build(name) (see each family).
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "dcgan"
+    c.model.latent_dim = 100
+    c.model.d_dropout = 0.3
+    c.model.sync_bn = True
+    c.model.g_norm = "batch"
+    c.model.d_norm = "none"
+    c.model.g_channels = (256, 128, 64)
+    c.model.d_channels = (64, 128)
+
+    c.train = ml_collections.ConfigDict()
+    c.train.num_steps = 1000          # Generator steps.
+    c.train.global_batch_size = 256   # Summed over all replicas and workers.
+    c.train.d_steps = 1               # D updates (each on its own real batch) per G update.
+    c.train.loss = "non_saturating"
+    c.train.penalty = "none"
+    c.train.penalty_weight = 0.0
+    c.train.g_optimizer = ml_collections.ConfigDict(
+        {"name": "adam", "learning_rate": 1e-4})
+    c.train.d_optimizer = ml_collections.ConfigDict(
+        {"name": "adam", "learning_rate": 1e-4})
+    c.train.steps_per_execution = 1
+    c.train.checkpoint_every = 500
+    c.train.keep_checkpoints = 3
+    c.train.sample_every = 500
+    c.train.log_every = 100           # TensorBoard scalars and one progress line.
+    return c

@@ -1,0 +1,46 @@
+"""The training binary.
+
+    python -m tf_gan_scale.main --config=experiments/digits.py --workdir=DIR \
+        [--strategy=auto|one_device|mirrored|multi_worker_mirrored|tpu] \
+        [--num_cpu_devices=N] [--num_gpus=N] [--tpu=NAME] [--config.train.num_steps=...]
+
+Re-running the same command on the same workdir resumes from the latest checkpoint.
+Bad input exits with status 2 and one line on stderr.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from tf_gan_scale import cli, distribute, errors  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "ml_collections config file, e.g. experiments/digits.py.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Run directory: checkpoints, samples, logs.")
+flags.DEFINE_string("strategy", "auto", f"One of {', '.join(distribute.STRATEGIES)}.")
+flags.DEFINE_integer("num_gpus", None, "Use the first N local GPUs (default: all).")
+flags.DEFINE_integer("num_cpu_devices", None, "Split the CPU into N logical devices.")
+flags.DEFINE_string("tpu", None, "TPU name, 'local' or grpc://HOST:PORT (--strategy=tpu).")
+flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    config = cli.config_value(_CONFIG)
+    if config is None or not FLAGS.workdir:
+        raise errors.ConfigError("--config and --workdir are required, e.g. "
+                                 "--config=experiments/digits.py --workdir=/tmp/digits")
+    logging.set_verbosity(logging.INFO)
+    # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
+    distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
+    strategy = distribute.make_strategy(FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu)
+    from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
+    train_lib.run(config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir)
+
+
+if __name__ == "__main__":
+    cli.run(main)

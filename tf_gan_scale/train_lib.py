@@ -1,0 +1,156 @@
+"""run(config, workdir, strategy): one training run, resumable.
+
+Order matters for bad input: everything that can fail on user input (names, data,
+batch/replica mismatch, model build, checkpoint restore) happens BEFORE the first write
+to the workdir, so a bad command leaves an existing workdir exactly as it was.
+
+Workdir layout:
+    run.json                     the config, data shape and classes (for tools/sample.py)
+    checkpoints/ckpt-STEP.*      G, D, both optimizers (and so the step)
+    samples/step_XXXXXXX.png     sample grids from fixed latents
+    logs/                        TensorBoard event files
+"""
+
+import json
+import math
+import os
+
+import keras
+import ml_collections
+import tensorflow as tf
+from absl import logging
+
+from tf_gan_scale import architectures, callbacks, data, errors, gan as gan_lib, losses, penalties
+
+OPTIMIZERS = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+              "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
+RUN_FILE = "run.json"
+
+
+def make_optimizer(cfg):
+    """Optimizer from a config dict {"name": ..., **kwargs}; bad names/keys raise ConfigError."""
+    cfg = dict(cfg)
+    cls = errors.choose("optimizer", cfg.pop("name", None), OPTIMIZERS)
+    try:
+        return cls(**cfg)
+    except (TypeError, ValueError) as e:
+        raise errors.ConfigError(f"bad optimizer config {dict(cfg)}: {e}") from None
+
+
+def model_options(config):
+    """Architecture options: everything in config.model besides name and latent_dim."""
+    return {k: (tuple(v) if isinstance(v, list) else v)
+            for k, v in config.model.items() if k not in ("name", "latent_dim")}
+
+
+def build_gan(config, data_shape):
+    """GAN (built and compiled) for `config`; call inside strategy.scope()."""
+    g, d = architectures.build(config.model.name, data_shape=data_shape,
+                               latent_dim=config.model.latent_dim, **model_options(config))
+    model = gan_lib.GAN(g, d, config.model.latent_dim, seed=config.seed)
+    t = config.train
+    model.compile(g_optimizer=make_optimizer(t.g_optimizer),
+                  d_optimizer=make_optimizer(t.d_optimizer), loss=t.loss,
+                  d_steps=t.d_steps, penalty=t.penalty, penalty_weight=t.penalty_weight,
+                  steps_per_execution=t.steps_per_execution)
+    return model
+
+
+def validate(config, num_replicas):
+    """Cheap checks of names and numbers, before any data is read."""
+    t = config.train
+    losses.get(t.loss)
+    penalties.get(t.penalty)
+    architectures.options(config.model.name)
+    for key in ("num_steps", "global_batch_size", "d_steps", "steps_per_execution"):
+        if int(t[key]) < 1:
+            raise errors.ConfigError(f"config.train.{key} must be >= 1; Received: {t[key]}")
+    if t.global_batch_size % num_replicas:
+        raise errors.ConfigError(
+            f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
+            f"{num_replicas} replicas; use a multiple of {num_replicas}")
+
+
+def restore(manager, checkpoint):
+    """Restores the latest checkpoint if any; returns its path. Mismatches raise ConfigError."""
+    path = manager.latest_checkpoint
+    if path is None:
+        return None
+    try:
+        # assert_existing_objects_matched: every variable of the model must be in the file.
+        checkpoint.read(path).expect_partial().assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.OpError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise errors.ConfigError(
+            f"checkpoint {path} does not match this config's model ({first[:300]}); "
+            f"use a new --workdir or the config it was trained with") from None
+    return path
+
+
+def load_run(workdir):
+    """(config, data_shape) saved by `run` in `workdir`; ConfigError if there is none."""
+    path = os.path.join(workdir, RUN_FILE)
+    if not os.path.isfile(path):
+        raise errors.ConfigError(f"no training run in {workdir!r} (missing {RUN_FILE})")
+    with open(path) as f:
+        run = json.load(f)
+    return ml_collections.ConfigDict(run["config"]), tuple(run["data_shape"])
+
+
+def _write_run(workdir, config, source):
+    path = os.path.join(workdir, RUN_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"config": json.loads(config.to_json()), "data_shape": list(source.shape),
+                   "num_classes": source.num_classes, "source": source.name}, f, indent=2)
+    os.replace(tmp, path)
+
+
+def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
+    """Trains (or resumes) to config.train.num_steps generator steps.
+
+    Returns:
+        The GAN model after training.
+    """
+    t = config.train
+    validate(config, strategy.num_replicas_in_sync)
+    source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
+    with strategy.scope():
+        model = build_gan(config, source.shape)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
+    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=t.keep_checkpoints)
+    restored = restore(manager, checkpoint)
+    start = int(model.step.numpy())
+    # Data position: each generator step consumed d_steps global batches.
+    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
+                                seed=config.seed, start_batch=start * t.d_steps)
+    # --- nothing above wrote to the workdir -------------------------------------------
+    os.makedirs(workdir, exist_ok=True)
+    _write_run(workdir, config, source)
+    logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples)",
+                 f"resumed {restored}" if restored else "starting", start, t.num_steps,
+                 strategy.num_replicas_in_sync, t.global_batch_size, source.name,
+                 source.num_examples)
+    if start >= t.num_steps:
+        logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
+        return model
+    writer = tf.summary.create_file_writer(os.path.join(workdir, "logs"))
+    reference = None
+    if source.arrays is not None and len(source.shape) == 1 and source.shape[0] == 2:
+        reference = source.arrays["x"][:2000]
+    cbs = [
+        callbacks.StopAtStep(t.num_steps),
+        callbacks.Checkpoint(manager, t.checkpoint_every),
+        callbacks.Samples(os.path.join(workdir, "samples"), t.sample_every, seed=config.seed,
+                          writer=writer, reference=reference),
+        callbacks.Summaries(writer, t.log_every, t.global_batch_size),
+    ]
+    # Keras "epochs" are blocks of log_every steps: one progress line each.
+    per_epoch = t.log_every
+    first_epoch = start // per_epoch
+    last_epoch = math.ceil(t.num_steps / per_epoch)
+    model.fit(data.distribute(dataset, strategy), initial_epoch=first_epoch, epochs=last_epoch,
+              steps_per_epoch=per_epoch, callbacks=cbs, verbose=verbose, shuffle=False)
+    logging.info("finished at step %d", int(model.step.numpy()))
+    return model
