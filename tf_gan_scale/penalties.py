@@ -21,8 +21,11 @@ def _input_gradients(discriminator, x):
     """dD(x)/dx per example, [B, ...], for double backprop inside the D tape."""
     with tf.GradientTape() as tape:
         tape.watch(x)
-        logits = discriminator(x, training=True)
-    return tape.gradient(tf.reduce_sum(logits), x)
+        # Row i of d(sum of logits)/dx is example i's gradient when examples are independent;
+        # batch norm in D couples them (as in every reference implementation), which is why
+        # WGAN-GP recommends no batch norm in the critic.
+        total = tf.reduce_sum(discriminator(x, training=True))
+    return tape.gradient(total, x)
 
 
 def _sum_squares(g):

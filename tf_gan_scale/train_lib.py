@@ -44,7 +44,12 @@ def model_options(config):
 
 
 def build_gan(config, data_shape):
-    """GAN (built and compiled) for `config`; call inside strategy.scope()."""
+    """GAN (built and compiled) for `config`; call inside strategy.scope().
+
+    Weight initialization is seeded by config.seed, so every topology starts from the
+    same weights (variables are created on replica 0 and broadcast).
+    """
+    keras.utils.set_random_seed(config.seed)
     g, d = architectures.build(config.model.name, data_shape=data_shape,
                                latent_dim=config.model.latent_dim, **model_options(config))
     model = gan_lib.GAN(g, d, config.model.latent_dim, seed=config.seed)

@@ -1,0 +1,65 @@
+import keras
+import numpy as np
+import pytest
+
+from tf_gan_scale import architectures, errors
+from tf_gan_scale.layers import ReplicaDropout
+
+# Every family, over several data shapes it must support.
+SHAPES = {"mlp": [(2,), (5,)], "dcgan": [(8, 8, 1), (28, 28, 1), (12, 16, 3)]}
+SMALL = {"mlp": {"hidden": (16, 16)},
+         "dcgan": {"g_channels": (16, 8, 4), "d_channels": (4, 8), "d_norm": "batch"}}
+
+
+def test_every_architecture_has_shapes_to_test():
+    assert set(architectures.ARCHITECTURES) == set(SHAPES)
+
+
+@pytest.mark.parametrize("name,shape", [(n, s) for n in sorted(SHAPES) for s in SHAPES[n]])
+def test_contract(name, shape):
+    g, d = architectures.build(name, data_shape=shape, latent_dim=7, **SMALL[name])
+    z = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
+    x = g(z, training=True).numpy()
+    assert x.shape == (5,) + shape
+    if len(shape) == 3:  # Images end in tanh.
+        assert np.all(np.abs(x) <= 1.0)
+    assert d(x, training=True).shape == (5, 1)
+    # get_config round trip: same architecture, and with the same weights, same outputs.
+    for model, inp in ((g, z), (d, x)):
+        clone = model.__class__.from_config(model.get_config())
+        clone.set_weights(model.get_weights())
+        np.testing.assert_allclose(clone(inp, training=False), model(inp, training=False),
+                                   atol=1e-6)
+
+
+def test_dcgan_28x28_is_the_tensorflow_tutorial_model():
+    g, d = architectures.build("dcgan", data_shape=(28, 28, 1), latent_dim=100)
+    # Parameter counts printed by model.summary() in the TensorFlow DCGAN tutorial.
+    assert g.count_params() == 2_330_944
+    assert d.count_params() == 212_865
+    assert [type(layer).__name__ for layer in g.layers] == [
+        "Dense", "BatchNormalization", "LeakyReLU", "Reshape",
+        "Conv2DTranspose", "BatchNormalization", "LeakyReLU",
+        "Conv2DTranspose", "BatchNormalization", "LeakyReLU", "Conv2DTranspose"]
+    assert [type(layer).__name__ for layer in d.layers] == [
+        "Conv2D", "LeakyReLU", "ReplicaDropout", "Conv2D", "LeakyReLU", "ReplicaDropout",
+        "Flatten", "Dense"]
+    convs = [layer for layer in g.layers if isinstance(layer, keras.layers.Conv2DTranspose)]
+    assert [(c.filters, c.kernel_size, c.strides, c.use_bias) for c in convs] == [
+        (128, (5, 5), (1, 1), False), (64, (5, 5), (2, 2), False), (1, (5, 5), (2, 2), False)]
+    assert convs[-1].get_config()["activation"] == "tanh"
+    assert all(layer.rate == 0.3 for layer in d.layers if isinstance(layer, ReplicaDropout))
+    assert all(layer.synchronized for layer in g.layers
+               if isinstance(layer, keras.layers.BatchNormalization))
+    assert g.layers[2].negative_slope == 0.3  # Keras' LeakyReLU default, as in the tutorial.
+
+
+def test_unknown_names_and_options_fail_loudly():
+    with pytest.raises(errors.ConfigError, match="unknown architecture 'resnet'; valid: dcgan, mlp"):
+        architectures.build("resnet", data_shape=(8, 8, 1), latent_dim=4)
+    with pytest.raises(errors.ConfigError, match="unknown option 'dropout' for architecture 'dcgan'"):
+        architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=4, dropout=0.1)
+    with pytest.raises(errors.ConfigError, match=r"Received: data_shape=\(10, 10, 1\)"):
+        architectures.build("dcgan", data_shape=(10, 10, 1), latent_dim=4)
+    with pytest.raises(errors.ConfigError, match="unknown norm 'layer'"):
+        architectures.build("mlp", data_shape=(2,), latent_dim=4, g_norm="layer")
