@@ -1,5 +1,6 @@
 """Shared command-line plumbing for the binary and tools: one-line errors, exit code 2."""
 
+import os
 import runpy
 import sys
 
@@ -19,12 +20,14 @@ _BAD_CONFIG = (flags.Error, KeyError, AttributeError, TypeError, ValueError, OSE
 
 
 def _config_path(argv):
+    """The --config file named on the command line (the last one wins, as in absl)."""
+    path = None
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
+            path = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+    return path
 
 
 def _unknown_override(argv):
@@ -51,6 +54,9 @@ def _unknown_override(argv):
 def _parse_flags(argv):
     # absl would print the usage text and exit 1; a bad flag, config file or config
     # override (a typo under lock_config) is bad input: one line, exit 2.
+    path = _config_path(argv)
+    if path is not None and not os.path.isfile(path):
+        fail(f"cannot load --config={path!r}: no such file")
     try:
         return flags.FLAGS(argv)
     except _BAD_CONFIG as e:

@@ -1,0 +1,117 @@
+"""The training binary and tools/sample.py end to end, as subprocesses."""
+
+import glob
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TINY, run_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def train(workdir, *extra, steps):
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
+                    f"--config.train.num_steps={steps}", *extra])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def sample(workdir, output, seed=0, num=16):
+    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={output}",
+                    f"--seed={seed}", f"--num_samples={num}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def scalars(workdir, tag):
+    """{step: value} of a TensorBoard scalar written by the run."""
+    out = {}
+    for path in glob.glob(os.path.join(workdir, "logs", "events.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                if v.tag == tag:
+                    out[event.step] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def test_train_resume_sample(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(straight, steps=10)
+    train(resumed, steps=6)
+    assert sorted(os.listdir(resumed / "checkpoints")) == [
+        "checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index",
+        "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
+    proc = train(resumed, steps=10)  # Same command, more steps: resumes at 6.
+    assert "resumed" in proc.stderr and "at step 6 of 10" in proc.stderr
+    assert os.path.exists(resumed / "checkpoints" / "ckpt-10.index")
+    assert os.path.exists(resumed / "samples" / "step_0000010.png")
+    assert set(scalars(resumed, "d_loss")) == {5, 10}
+    assert scalars(resumed, "images_per_sec")[10] > 0
+
+    # Exact resume: weights, both optimizers, BN statistics, data position and latents.
+    a = sample(straight, tmp_path / "a.npy")
+    b = sample(resumed, tmp_path / "b.npy")
+    assert a["step"] == b["step"] == 10 and a["num_samples"] == 16
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+
+    # Same seed => same samples; another seed => others; PNG grids too.
+    sample(straight, tmp_path / "c.npy")
+    sample(straight, tmp_path / "d.npy", seed=1)
+    x = np.load(tmp_path / "c.npy")
+    assert x.shape == (16, 8, 8, 1) and np.abs(x).max() <= 1.0
+    np.testing.assert_array_equal(x, np.load(tmp_path / "a.npy"))
+    assert not np.allclose(x, np.load(tmp_path / "d.npy"))
+    assert sample(straight, tmp_path / "grid.png")["output"].endswith("grid.png")
+    assert os.path.getsize(tmp_path / "grid.png") > 100
+
+    # Running again at the final step does nothing and keeps every file.
+    before = tree_digest(straight)
+    train(straight, steps=10)
+    assert tree_digest(straight) == before
+
+
+def tree_digest(root):
+    digest = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                digest[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+    return digest
+
+
+BAD = [
+    (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
+    (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
+                                     "train: checkpoint_every,"),
+    (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: embedded, folder"),
+    (["--config.data.source=npz:/no/such.npz"], "npz file not found: '/no/such.npz'"),
+    (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
+    (["--config.model.name=resnet"], "unknown architecture 'resnet'; valid: dcgan, mlp"),
+    (["--strategy=mirrored", "--num_cpu_devices=2", "--config.train.global_batch_size=33"],
+     "global_batch_size=33 is not divisible by the 2 replicas"),
+    (["--config.model.latent_dim=7"], "does not match this config's model"),
+    (["--strategy=tpu", "--tpu=local"], "--strategy=tpu: no usable TPU"),
+    (["--config=experiments/nope.py"], "cannot load --config"),
+]
+
+
+def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(tmp_path):
+    workdir = tmp_path / "run"
+    train(workdir, steps=2)
+    before = tree_digest(workdir)
+    for args, message in BAD:
+        proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
+                        "--config.train.num_steps=4", *args])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert len(errors) == 1 and message in errors[0], (args, errors)
+        assert "Traceback" not in proc.stderr, args
+        assert tree_digest(workdir) == before, args
+    proc = run_cmd(["tools/sample.py", f"--workdir={tmp_path}/none", "--output=x.npy"])
+    assert proc.returncode == 2 and "no training run in" in proc.stderr
