@@ -135,8 +135,10 @@ class GAN(keras.Model):
         z = latents.replica_normal(self.seed, step, k, b, [self.latent_dim])
         fake = self.generator(z, training=True)
         with tf.GradientTape() as tape:
-            real_logits = self.discriminator(real, training=True)
-            fake_logits = self.discriminator(fake, training=True)
+            # Real and fake go through D as ONE batch [2B, ...] (as in BigGAN-PyTorch): one
+            # forward pass instead of two, and batch-norm statistics in D cover both halves.
+            logits = self.discriminator(tf.concat([real, fake], 0), training=True)
+            real_logits, fake_logits = logits[:b], logits[b:]
             per_example = self.loss_fn(real_logits=real_logits, fake_logits=fake_logits).d
             if self.penalty_fn is not None:
                 noise = latents.replica_uniform(self.seed, step, latents.PENALTY_PHASE + k, b, [])

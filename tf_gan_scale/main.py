@@ -12,6 +12,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tf_gan_scale import perf  # noqa: E402
+
+perf.tune_malloc()  # Before TensorFlow allocates anything; see perf.py.
+
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 

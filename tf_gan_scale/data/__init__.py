@@ -8,6 +8,7 @@ NHWC, vectors as they are; labels flow through the pipeline for conditional mode
 """
 
 from tf_gan_scale.data.pipeline import distribute, make_dataset
-from tf_gan_scale.data.sources import DEFAULT_SOURCE, SOURCES, Source, load
+from tf_gan_scale.data.sources import DEFAULT_SOURCE, SOURCES, Source, from_arrays, load
 
-__all__ = ["DEFAULT_SOURCE", "SOURCES", "Source", "distribute", "load", "make_dataset"]
+__all__ = ["DEFAULT_SOURCE", "SOURCES", "Source", "distribute", "from_arrays", "load",
+           "make_dataset"]

@@ -60,7 +60,7 @@ def to_float(x):
     return tf.cast(x, tf.float32)
 
 
-def _from_arrays(name, x, labels):
+def from_arrays(name, x, labels):
     """Source from in-memory arrays: x [N, ...] (uint8 or float), labels [N] or None."""
     x = np.asarray(x)
     if x.ndim == 3:  # [N, H, W] grayscale -> [N, H, W, 1]
@@ -121,7 +121,7 @@ def _tfds(arg, tfds_data_dir=None):
         for ex in tfds.as_numpy(ds.batch(4096)):
             xs.append(ex["image"])
             ys.append(ex["label"] if has_label else np.zeros(len(ex["image"]), np.int32))
-        source = _from_arrays(f"tfds:{arg}", np.concatenate(xs), np.concatenate(ys))
+        source = from_arrays(f"tfds:{arg}", np.concatenate(xs), np.concatenate(ys))
         return dataclasses.replace(source, num_classes=num_classes)
 
     def convert(ex):
@@ -146,7 +146,7 @@ def _npz(path, tfds_data_dir=None):
         raise errors.ConfigError(f"npz file {path!r} has no array 'x' or 'images'; "
                                  f"arrays: {', '.join(keys) or 'none'}")
     yk = next((k for k in ("y", "labels") if k in keys), None)
-    return _from_arrays(f"npz:{path}", arrays[xk], arrays[yk] if yk else None)
+    return from_arrays(f"npz:{path}", arrays[xk], arrays[yk] if yk else None)
 
 
 def _folder(path, tfds_data_dir=None):
@@ -190,7 +190,7 @@ def _folder(path, tfds_data_dir=None):
     name, num_classes = f"folder:{path}", max(len(subdirs), 1)
     if len(files) * int(np.prod(shape)) <= IN_MEMORY_BYTES:
         x = np.stack([ex["x"] for ex in ds.as_numpy_iterator()])
-        source = _from_arrays(name, x, np.array(labels, np.int32))
+        source = from_arrays(name, x, np.array(labels, np.int32))
         return dataclasses.replace(source, num_classes=num_classes)
     stream = ds.map(lambda ex: {"x": to_float(ex["x"]), "label": ex["label"]})
     return Source(name, len(files), shape, num_classes, stream=stream)
@@ -212,7 +212,7 @@ def _toy(kind, tfds_data_dir=None):
     rng = np.random.default_rng(0)  # The dataset is fixed; its order follows config.seed.
     modes = rng.integers(len(centers), size=TOY_NUM_EXAMPLES)
     x = centers[modes] + std * rng.standard_normal((TOY_NUM_EXAMPLES, 2))
-    return _from_arrays(f"toy:{kind}", x.astype(np.float32), modes)
+    return from_arrays(f"toy:{kind}", x.astype(np.float32), modes)
 
 
 def _embedded(kind, tfds_data_dir=None):
@@ -222,7 +222,7 @@ def _embedded(kind, tfds_data_dir=None):
     from sklearn.datasets import load_digits  # Ships the data inside the package.
     digits = load_digits()
     x = digits.images.astype(np.float32)[..., None] / 8.0 - 1.0  # 0..16 -> [-1, 1]
-    return _from_arrays("embedded:digits", x, digits.target)
+    return from_arrays("embedded:digits", x, digits.target)
 
 
 SOURCES = {"tfds": _tfds, "npz": _npz, "folder": _folder, "toy": _toy, "embedded": _embedded}

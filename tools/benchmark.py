@@ -1,0 +1,152 @@
+"""Training speed of a config under a strategy, against a plain Keras `train_step` GAN.
+
+    python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
+        --strategy=one_device
+    python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
+        --strategy=mirrored --num_cpu_devices=2 --baseline=false
+
+Prints one JSON line: images/sec (real images consumed per second, global) and seconds
+per generator step, timed over --steps steps after --warmup steps, with data from the
+config's source (or random images of a given shape with --synthetic=H,W,C, e.g. for a
+TFDS dataset that is not on this machine: the compute is the same). With --baseline, the same networks are also
+trained by `PlainGAN` below -- the GAN `train_step` users write by hand after the Keras
+DCGAN example (keras.io/examples/generative/dcgan_overriding_train_step) -- on one
+device, with the same data, optimizers and fit loop, and the ratio is reported.
+"""
+
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tf_gan_scale import perf  # noqa: E402
+
+perf.tune_malloc()  # Before TensorFlow allocates anything; see perf.py.
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from tf_gan_scale import cli, distribute, errors  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file.",
+                                          lock_config=True)
+flags.DEFINE_string("strategy", "one_device", f"One of {', '.join(distribute.STRATEGIES)}.")
+flags.DEFINE_integer("num_cpu_devices", None, "Split the CPU into N logical devices.")
+flags.DEFINE_integer("num_gpus", None, "Use the first N local GPUs.")
+flags.DEFINE_integer("steps", 30, "Timed generator steps.")
+flags.DEFINE_integer("warmup", 5, "Untimed steps first (tracing, pipeline fill).")
+flags.DEFINE_boolean("baseline", True, "Also time the plain Keras train_step GAN.")
+flags.DEFINE_list("synthetic", None, "H,W,C: random uint8 images of this shape instead of "
+                  "the config's source (same compute; for data not on this machine).")
+flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
+FLAGS = flags.FLAGS
+
+
+def plain_gan_class():
+    import keras
+    import tensorflow as tf
+
+    class PlainGAN(keras.Model):
+        """The hand-written Keras GAN: BCE losses, one D step on concat(real, fake), then
+        one G step, `tf.random.normal` latents; one device, no strategy logic."""
+
+        def __init__(self, generator, discriminator, latent_dim):
+            super().__init__()
+            self.generator, self.discriminator = generator, discriminator
+            self.latent_dim = latent_dim
+            self.built = True
+
+        def compile(self, g_optimizer, d_optimizer):
+            super().compile()
+            self.g_optimizer, self.d_optimizer = g_optimizer, d_optimizer
+            self.bce = keras.losses.BinaryCrossentropy(from_logits=True)
+
+        def train_step(self, batch):
+            real = batch["x"]
+            b = tf.shape(real)[0]
+            fake = self.generator(tf.random.normal([b, self.latent_dim]), training=True)
+            labels = tf.concat([tf.ones([b, 1]), tf.zeros([b, 1])], 0)
+            with tf.GradientTape() as tape:
+                logits = self.discriminator(tf.concat([real, fake], 0), training=True)
+                d_loss = self.bce(labels, logits)
+            grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+            self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+            with tf.GradientTape() as tape:
+                fake = self.generator(tf.random.normal([b, self.latent_dim]), training=True)
+                g_loss = self.bce(tf.ones([b, 1]), self.discriminator(fake, training=True))
+            grads = tape.gradient(g_loss, self.generator.trainable_weights)
+            self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+            return {"d_loss": d_loss, "g_loss": g_loss}
+
+    return PlainGAN
+
+
+def time_fit(model, dataset, steps, warmup):
+    """Seconds per step of model.fit over `steps` steps after `warmup` steps."""
+    import keras
+    stamps = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            float(logs["d_loss"])  # Wait for the step to finish.
+            stamps.append(time.perf_counter())
+
+    model.fit(dataset, epochs=1, steps_per_epoch=warmup + steps, callbacks=[Clock()],
+              verbose=0, shuffle=False)
+    return (stamps[-1] - stamps[warmup - 1]) / steps
+
+
+def main(argv):
+    del argv
+    config = cli.config_value(_CONFIG)
+    if config is None:
+        raise errors.ConfigError("--config is required, e.g. --config=experiments/dcgan_mnist.py")
+    if FLAGS.steps < 1 or FLAGS.warmup < 1:
+        raise errors.ConfigError("--steps and --warmup must be >= 1")
+    distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
+    strategy = distribute.make_strategy(FLAGS.strategy, num_gpus=FLAGS.num_gpus)
+    import keras
+    import numpy as np
+    from tf_gan_scale import architectures, data, train_lib
+
+    train_lib.validate(config, strategy.num_replicas_in_sync)
+    gb = config.train.global_batch_size
+    if FLAGS.synthetic:
+        try:
+            shape = tuple(int(v) for v in FLAGS.synthetic)
+        except ValueError:
+            raise errors.ConfigError(f"--synthetic must be H,W,C; Received: {FLAGS.synthetic}")
+        pixels = np.random.default_rng(0).integers(0, 256, (4 * gb,) + shape, dtype=np.uint8)
+        source = data.from_arrays(f"synthetic{shape}", pixels, None)
+    else:
+        source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
+    dataset = data.make_dataset(source, global_batch_size=gb, seed=config.seed)
+    with strategy.scope():
+        model = train_lib.build_gan(config, source.shape)
+    step_time = time_fit(model, data.distribute(dataset, strategy), FLAGS.steps, FLAGS.warmup)
+    result = {
+        "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
+        "strategy": FLAGS.strategy,
+        "replicas": strategy.num_replicas_in_sync, "global_batch": gb,
+        "d_steps": config.train.d_steps, "steps": FLAGS.steps,
+        "step_time_s": round(step_time, 5),
+        "images_per_sec": round(gb * config.train.d_steps / step_time, 1),
+    }
+    if FLAGS.baseline:
+        keras.utils.set_random_seed(config.seed)
+        g, d = architectures.build(config.model.name, data_shape=source.shape,
+                                   latent_dim=config.model.latent_dim,
+                                   **train_lib.model_options(config))
+        plain = plain_gan_class()(g, d, config.model.latent_dim)
+        plain.compile(train_lib.make_optimizer(config.train.g_optimizer),
+                      train_lib.make_optimizer(config.train.d_optimizer))
+        base_time = time_fit(plain, dataset, FLAGS.steps, FLAGS.warmup)
+        result["baseline_plain_keras"] = {"step_time_s": round(base_time, 5),
+                                          "images_per_sec": round(gb / base_time, 1)}
+        result["speed_vs_baseline"] = round(base_time / step_time, 3)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)
