@@ -59,6 +59,7 @@ def test_logged_losses_are_the_true_global_means(one_device):
     np.testing.assert_allclose(history["g_loss"][0], g_loss, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_two_replicas_match_one_device_and_log_the_same(one_device, mirrored2):
     a, b = make(one_device), make(mirrored2)
     ha, hb = fit(a, one_device, 4), fit(b, mirrored2, 4)
@@ -67,6 +68,7 @@ def test_two_replicas_match_one_device_and_log_the_same(one_device, mirrored2):
     np.testing.assert_allclose(ha["g_loss"], hb["g_loss"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_local_batch_norm_breaks_equivalence(one_device, mirrored2):
     a, b = make(one_device, sync_bn=False), make(mirrored2, sync_bn=False)
     fit(a, one_device, 4)
@@ -74,6 +76,7 @@ def test_local_batch_norm_breaks_equivalence(one_device, mirrored2):
     assert np.abs(samples(a) - samples(b)).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_d_steps_counts_optimizer_iterations(mirrored2):
     model = make(mirrored2, d_steps=3)
     fit(model, mirrored2, 4)
@@ -81,6 +84,7 @@ def test_d_steps_counts_optimizer_iterations(mirrored2):
     assert int(model.d_optimizer.iterations.numpy()) == 12
 
 
+@pytest.mark.slow
 def test_steps_per_execution_gives_the_same_weights(mirrored2):
     a, b = make(mirrored2), make(mirrored2, spe=2)
     fit(a, mirrored2, 4)
