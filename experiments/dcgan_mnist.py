@@ -5,8 +5,9 @@
 The model is the tutorial's, layer for layer (architectures/dcgan.py), with its optimizers
 (Adam 1e-4), loss (non-saturating cross-entropy) and batch (256); the tutorial trains 50
 epochs = 11,700 steps. Data: tfds:mnist (downloaded once by TFDS, or --tfds_data_dir).
-Hardware and cost: about 0.26 s per step on 2 CPU cores (see README benchmark), so ~50
-minutes; minutes on one GPU. Expected: clean digits in samples/ after ~5,000 steps.
+Hardware and cost: 1.92 s per step on 2 CPU cores (README benchmark, measured on random
+data of MNIST's shape), so ~6.3 hours; a GPU is the place for it. Expected, as in the
+tutorial: clean digits in samples/ by the end.
 """
 
 from tf_gan_scale import configs

@@ -2,8 +2,9 @@
 
     python -m tf_gan_scale.main --config=experiments/gauss2d.py --workdir=/tmp/grid25
 
-Hardware and cost: 2 CPU cores, about 2 minutes for 5000 steps. Expected: the sample
-scatter in samples/ covers most of the 25 modes (mode collapse shows as missing modes).
+Hardware and cost: 2 CPU cores; not timed yet (small MLPs: expect a few minutes).
+Expected: the sample scatter in samples/ covers most of the 25 modes (mode collapse shows
+as missing modes).
 """
 
 import ml_collections

@@ -36,6 +36,8 @@ flags.DEFINE_integer("num_cpu_devices", None, "Split the CPU into N logical devi
 flags.DEFINE_integer("num_gpus", None, "Use the first N local GPUs.")
 flags.DEFINE_integer("steps", 30, "Timed generator steps.")
 flags.DEFINE_integer("warmup", 5, "Untimed steps first (tracing, pipeline fill).")
+flags.DEFINE_integer("repeats", 2, "Timed runs per model, interleaved with the baseline's; "
+                     "the fastest counts (the least disturbed by the rest of the machine).")
 flags.DEFINE_boolean("baseline", True, "Also time the plain Keras train_step GAN.")
 flags.DEFINE_list("synthetic", None, "H,W,C: random uint8 images of this shape instead of "
                   "the config's source (same compute; for data not on this machine).")
@@ -83,7 +85,8 @@ def plain_gan_class():
 
 
 def time_fit(model, dataset, steps, warmup):
-    """Seconds per step of model.fit over `steps` steps after `warmup` steps."""
+    """Seconds per step of model.fit over `steps` steps after `warmup` steps (each call
+    continues training the same model)."""
     import keras
     stamps = []
 
@@ -102,8 +105,8 @@ def main(argv):
     config = cli.config_value(_CONFIG)
     if config is None:
         raise errors.ConfigError("--config is required, e.g. --config=experiments/dcgan_mnist.py")
-    if FLAGS.steps < 1 or FLAGS.warmup < 1:
-        raise errors.ConfigError("--steps and --warmup must be >= 1")
+    if min(FLAGS.steps, FLAGS.warmup, FLAGS.repeats) < 1:
+        raise errors.ConfigError("--steps, --warmup and --repeats must be >= 1")
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
     strategy = distribute.make_strategy(FLAGS.strategy, num_gpus=FLAGS.num_gpus)
     import keras
@@ -124,15 +127,7 @@ def main(argv):
     dataset = data.make_dataset(source, global_batch_size=gb, seed=config.seed)
     with strategy.scope():
         model = train_lib.build_gan(config, source.shape)
-    step_time = time_fit(model, data.distribute(dataset, strategy), FLAGS.steps, FLAGS.warmup)
-    result = {
-        "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
-        "strategy": FLAGS.strategy,
-        "replicas": strategy.num_replicas_in_sync, "global_batch": gb,
-        "d_steps": config.train.d_steps, "steps": FLAGS.steps,
-        "step_time_s": round(step_time, 5),
-        "images_per_sec": round(gb * config.train.d_steps / step_time, 1),
-    }
+    runs = {"tf_gan_scale": (model, data.distribute(dataset, strategy))}
     if FLAGS.baseline:
         keras.utils.set_random_seed(config.seed)
         g, d = architectures.build(config.model.name, data_shape=source.shape,
@@ -141,9 +136,27 @@ def main(argv):
         plain = plain_gan_class()(g, d, config.model.latent_dim)
         plain.compile(train_lib.make_optimizer(config.train.g_optimizer),
                       train_lib.make_optimizer(config.train.d_optimizer))
-        base_time = time_fit(plain, dataset, FLAGS.steps, FLAGS.warmup)
-        result["baseline_plain_keras"] = {"step_time_s": round(base_time, 5),
-                                          "images_per_sec": round(gb / base_time, 1)}
+        runs["baseline"] = (plain, dataset)
+    # Interleaved, so a slow phase of the machine hits both alike.
+    times = {name: [] for name in runs}
+    for _ in range(FLAGS.repeats):
+        for name, (m, ds) in runs.items():
+            times[name].append(time_fit(m, ds, FLAGS.steps, FLAGS.warmup))
+    step_time = min(times["tf_gan_scale"])
+    result = {
+        "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
+        "strategy": FLAGS.strategy,
+        "replicas": strategy.num_replicas_in_sync, "global_batch": gb,
+        "d_steps": config.train.d_steps, "steps": FLAGS.steps, "repeats": FLAGS.repeats,
+        "step_time_s": round(step_time, 5),
+        "images_per_sec": round(gb * config.train.d_steps / step_time, 1),
+        "all_step_times_s": [round(t, 4) for t in times["tf_gan_scale"]],
+    }
+    if FLAGS.baseline:
+        base_time = min(times["baseline"])
+        result["baseline_plain_keras"] = {
+            "step_time_s": round(base_time, 5), "images_per_sec": round(gb / base_time, 1),
+            "all_step_times_s": [round(t, 4) for t in times["baseline"]]}
         result["speed_vs_baseline"] = round(base_time / step_time, 3)
     print(json.dumps(result), flush=True)
 
