@@ -95,8 +95,10 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None):
         return tf.distribute.MirroredStrategy(_local_devices(num_gpus))
     if name == "multi_worker_mirrored":
         _check_tf_config()
+        # Physical, not logical, devices: listing logical ones initializes the runtime,
+        # after which collective ops can no longer be configured.
         comm = (tf.distribute.experimental.CommunicationImplementation.NCCL
-                if tf.config.list_logical_devices("GPU")
+                if tf.config.list_physical_devices("GPU")
                 else tf.distribute.experimental.CommunicationImplementation.RING)
         return tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
