@@ -1,5 +1,8 @@
 """run(config, workdir, strategy): one training run, resumable.
 
+Only the chief (worker 0) writes the workdir; other workers keep their checkpoints in a
+temporary directory that is removed when they finish.
+
 Order matters for bad input: everything that can fail on user input (names, data,
 batch/replica mismatch, model build, checkpoint restore) happens BEFORE the first write
 to the workdir, so a bad command leaves an existing workdir exactly as it was.
@@ -14,13 +17,16 @@ Workdir layout:
 import json
 import math
 import os
+import shutil
+import tempfile
 
 import keras
 import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from tf_gan_scale import architectures, callbacks, data, errors, gan as gan_lib, losses, penalties
+from tf_gan_scale import (architectures, callbacks, data, distribute, errors, gan as gan_lib,
+                          losses, penalties)
 
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
               "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
@@ -76,9 +82,10 @@ def validate(config, num_replicas):
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
 
 
-def restore(manager, checkpoint):
-    """Restores the latest checkpoint if any; returns its path. Mismatches raise ConfigError."""
-    path = manager.latest_checkpoint
+def restore(ckpt_dir, checkpoint):
+    """Restores the latest checkpoint in ckpt_dir if any; returns its path (or None).
+    A checkpoint of another model raises ConfigError."""
+    path = tf.train.latest_checkpoint(ckpt_dir)
     if path is None:
         return None
     try:
@@ -122,17 +129,15 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
     with strategy.scope():
         model = build_gan(config, source.shape)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
-    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=t.keep_checkpoints)
-    restored = restore(manager, checkpoint)
+    # Every worker restores from the shared workdir (all must start from the same state).
+    restored = restore(os.path.join(workdir, "checkpoints"), checkpoint)
     start = int(model.step.numpy())
     # Data position: each generator step consumed d_steps global batches.
     dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
                                 seed=config.seed, start_batch=start * t.d_steps)
     # --- nothing above wrote to the workdir -------------------------------------------
-    os.makedirs(workdir, exist_ok=True)
-    _write_run(workdir, config, source)
+    chief = distribute.is_chief(strategy)
     logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples)",
                  f"resumed {restored}" if restored else "starting", start, t.num_steps,
                  strategy.num_replicas_in_sync, t.global_batch_size, source.name,
@@ -140,22 +145,39 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     if start >= t.num_steps:
         logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
         return model
-    writer = tf.summary.create_file_writer(os.path.join(workdir, "logs"))
-    reference = None
-    if source.arrays is not None and len(source.shape) == 1 and source.shape[0] == 2:
-        reference = source.arrays["x"][:2000]
-    cbs = [
-        callbacks.StopAtStep(t.num_steps),
-        callbacks.Checkpoint(manager, t.checkpoint_every),
-        callbacks.Samples(os.path.join(workdir, "samples"), t.sample_every, seed=config.seed,
-                          writer=writer, reference=reference),
-        callbacks.Summaries(writer, t.log_every, t.global_batch_size),
-    ]
+    # Only the chief writes the workdir. Saving a checkpoint is a step every worker takes
+    # together, so the others save into a private temporary directory, removed at the end.
+    out_dir = workdir if chief else tempfile.mkdtemp(prefix="tf_gan_scale_worker_")
+    try:
+        _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
+               verbose)
+    finally:
+        if not chief:
+            shutil.rmtree(out_dir, ignore_errors=True)
+    return model
+
+
+def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
+           verbose):
+    t = config.train
+    os.makedirs(out_dir, exist_ok=True)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "checkpoints"),
+                                         max_to_keep=t.keep_checkpoints)
+    cbs = [callbacks.StopAtStep(t.num_steps), callbacks.Checkpoint(manager, t.checkpoint_every)]
+    if chief:
+        _write_run(out_dir, config, source)
+        writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
+        reference = None
+        if source.arrays is not None and len(source.shape) == 1 and source.shape[0] == 2:
+            reference = source.arrays["x"][:2000]
+        cbs += [callbacks.Samples(os.path.join(out_dir, "samples"), t.sample_every,
+                                  seed=config.seed, writer=writer, reference=reference),
+                callbacks.Summaries(writer, t.log_every, t.global_batch_size)]
     # Keras "epochs" are blocks of log_every steps: one progress line each.
     per_epoch = t.log_every
     first_epoch = start // per_epoch
     last_epoch = math.ceil(t.num_steps / per_epoch)
     model.fit(data.distribute(dataset, strategy), initial_epoch=first_epoch, epochs=last_epoch,
-              steps_per_epoch=per_epoch, callbacks=cbs, verbose=verbose, shuffle=False)
+              steps_per_epoch=per_epoch, callbacks=cbs, verbose=verbose if chief else 0,
+              shuffle=False)
     logging.info("finished at step %d", int(model.step.numpy()))
-    return model
