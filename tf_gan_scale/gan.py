@@ -224,6 +224,11 @@ class GAN(keras.Model):
 
     def generate(self, z, batch_size=256):
         """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
-        out = [self.generator(z[i:i + batch_size], training=False)
-               for i in range(0, int(z.shape[0]), batch_size)]
-        return tf.concat(out, 0)
+        return generate(self.generator, z, batch_size)
+
+
+def generate(generator, z, batch_size=256):
+    """generator(z) in inference mode, in chunks: z [N, latent_dim] -> [N, *data_shape]."""
+    out = [generator(z[i:i + batch_size], training=False)
+           for i in range(0, int(z.shape[0]), batch_size)]
+    return tf.concat(out, 0)

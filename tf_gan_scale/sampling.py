@@ -6,24 +6,19 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tf_gan_scale import architectures, errors, images, latents, train_lib
+from tf_gan_scale import architectures, errors, gan, images, latents, train_lib
 
 
 def load_generator(workdir):
     """(generator, latent_dim, step, checkpoint path) from the latest checkpoint in workdir."""
     config, data_shape = train_lib.load_run(workdir)
-    path = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
-    if path is None:
-        raise errors.ConfigError(f"no checkpoint in {os.path.join(workdir, 'checkpoints')!r}")
     generator, _ = architectures.build(config.model.name, data_shape=data_shape,
                                        latent_dim=config.model.latent_dim,
                                        **train_lib.model_options(config))
-    try:
-        tf.train.Checkpoint(generator=generator).read(path).expect_partial() \
-            .assert_existing_objects_matched()
-    except (ValueError, AssertionError, tf.errors.OpError) as e:
-        raise errors.ConfigError(f"checkpoint {path} does not match {train_lib.RUN_FILE}: "
-                                 f"{str(e).splitlines()[0][:300]}") from None
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(generator=generator))
+    if path is None:
+        raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
     step = int(re.search(r"ckpt-(\d+)$", path).group(1))
     return generator, config.model.latent_dim, step, path
 
@@ -32,9 +27,7 @@ def from_workdir(workdir, num_samples, seed, batch_size=256):
     """(samples [N, *data_shape] float32, step, checkpoint path)."""
     generator, latent_dim, step, path = load_generator(workdir)
     z = latents.fixed(seed, num_samples, latent_dim)
-    out = [generator(z[i:i + batch_size], training=False).numpy()
-           for i in range(0, num_samples, batch_size)]
-    return np.concatenate(out), step, path
+    return gan.generate(generator, z, batch_size).numpy(), step, path
 
 
 def write(path, samples):
