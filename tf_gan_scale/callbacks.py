@@ -19,20 +19,33 @@ def _step(model):
 
 
 class _Every(keras.callbacks.Callback):
-    """Calls `self.fire(step)` whenever the step crosses a multiple of `every` (also with
-    steps_per_execution > 1, when batch-end hooks see only every k-th step)."""
+    """Calls `self.fire(step, logs)` whenever the step crosses a multiple of `every` (also
+    with steps_per_execution > 1, when batch-end hooks see only every k-th step), and at
+    the end of training if `at_end`; never twice for the same step."""
+
+    at_end = False
 
     def __init__(self, every):
         super().__init__()
         self.every = int(every)
         self._prev = None
+        self._fired = None
+
+    def _fire(self, step, logs):
+        if step != self._fired:
+            self._fired = step
+            self.fire(step, logs)
 
     def on_train_batch_end(self, batch, logs=None):
         step = _step(self.model)
         prev = self._prev if self._prev is not None else step - 1
         self._prev = step
         if self.every > 0 and step // self.every > prev // self.every:
-            self.fire(step, logs)
+            self._fire(step, logs)
+
+    def on_train_end(self, logs=None):
+        if self.at_end:
+            self._fire(_step(self.model), logs)
 
     def fire(self, step, logs):
         raise NotImplementedError
@@ -57,22 +70,15 @@ class Checkpoint(_Every):
     only after a save is complete, so an interrupted save never becomes "latest".
     """
 
+    at_end = True
+
     def __init__(self, manager, every):
         super().__init__(every)
         self.manager = manager
-        self._last = None
-
-    def _save(self):
-        step = _step(self.model)
-        if step != self._last and step > 0:
-            self.manager.save(checkpoint_number=step)
-            self._last = step
 
     def fire(self, step, logs):
-        self._save()
-
-    def on_train_end(self, logs=None):
-        self._save()
+        if step > 0:
+            self.manager.save(checkpoint_number=step)
 
 
 class Samples(_Every):
@@ -87,17 +93,14 @@ class Samples(_Every):
         reference: optional [M, 2] real points drawn under 2D samples.
     """
 
+    at_end = True
+
     def __init__(self, directory, every, *, seed, num=64, writer=None, reference=None):
         super().__init__(every)
         self.directory, self.seed, self.num = directory, seed, num
         self.writer, self.reference = writer, reference
-        self._last = None
 
-    def _write(self):
-        step = _step(self.model)
-        if step == self._last:
-            return
-        self._last = step
+    def fire(self, step, logs):
         z = latents.fixed(self.seed, self.num, self.model.latent_dim)
         picture = images.render(self.model.generate(z).numpy(), self.reference)
         os.makedirs(self.directory, exist_ok=True)
@@ -105,12 +108,6 @@ class Samples(_Every):
         if self.writer is not None:
             with self.writer.as_default():
                 tf.summary.image("samples", picture[None], step=step)
-
-    def fire(self, step, logs):
-        self._write()
-
-    def on_train_end(self, logs=None):
-        self._write()
 
 
 class Summaries(_Every):

@@ -10,10 +10,6 @@ compute on the whole global batch, so gradients match too.
 import tensorflow as tf
 
 
-def replica_context():
-    return tf.distribute.get_replica_context()
-
-
 def num_replicas():
     """Replicas in sync (all workers), from either replica or cross-replica context."""
     ctx = tf.distribute.get_replica_context()
