@@ -75,11 +75,15 @@ def config_value(holder):
         raise errors.ConfigError(f"cannot load --config: {first}") from None
 
 
-def run(main):
-    """app.run(main) where main's ConfigError and bad flags become one line + exit 2."""
+def run(main, *, positional=False):
+    """app.run(main) where main's ConfigError and bad flags become one line + exit 2.
+
+    positional: pass the arguments left after the flags (e.g. a command after `--`) to
+    main instead of rejecting them.
+    """
 
     def guarded(argv):
-        if len(argv) > 1:
+        if len(argv) > 1 and not positional:
             fail(f"unexpected arguments: {' '.join(argv[1:])}")
         try:
             return main(argv)

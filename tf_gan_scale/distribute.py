@@ -8,11 +8,17 @@ Names (`--strategy`):
                          one_device.
   one_device             the first GPU, else CPU:0.
   mirrored               all (or --num_gpus) local GPUs, else all logical CPU devices.
-  multi_worker_mirrored  one replica per device on every worker listed in TF_CONFIG;
-                         collective all-reduce (RING on CPU).
+  multi_worker_mirrored  one replica per device on every worker of the cluster
+                         (--cluster_resolver: TF_CONFIG or Slurm); collective all-reduce,
+                         --collective=auto (NCCL with GPUs, else RING) | ring | nccl.
   tpu                    TPUStrategy through TPUClusterResolver(--tpu).
+
+Multi-worker failure detection: every worker heartbeats to the coordination service
+(on worker 0); a worker silent for --peer_timeout_s (e.g. killed) aborts the collectives
+on all others with an error naming it, instead of a hang.
 """
 
+import contextlib
 import json
 import os
 
@@ -21,6 +27,8 @@ import tensorflow as tf
 from tf_gan_scale import errors
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+CLUSTER_RESOLVERS = ("tf_config", "slurm")
+COLLECTIVES = ("auto", "ring", "nccl")
 
 
 def configure_cpu_devices(num):
@@ -82,8 +90,15 @@ def _check_tf_config():
     return cfg
 
 
-def make_strategy(name="auto", *, num_gpus=None, tpu=None):
-    """Creates the strategy `name` (see module docstring); bad names raise ConfigError."""
+def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
+                  cluster_resolver="tf_config", peer_timeout_s=None, num_cpu_devices=None):
+    """Creates the strategy `name` (see module docstring); bad input raises ConfigError.
+
+    Multi-worker only: `collective` (COLLECTIVES), `cluster_resolver` (CLUSTER_RESOLVERS),
+    `peer_timeout_s` (seconds without heartbeat before a worker counts as lost; None keeps
+    TensorFlow's default) and `num_cpu_devices` (CPU replicas per worker when there is no
+    GPU; configure_cpu_devices must have split the CPU).
+    """
     errors.choose("strategy", name, {s: s for s in STRATEGIES})
     if name == "auto":
         name = "mirrored" if len(_local_devices(num_gpus)) > 1 else "one_device"
@@ -94,16 +109,86 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None):
         # logical CPU devices share anyway.
         return tf.distribute.MirroredStrategy(_local_devices(num_gpus))
     if name == "multi_worker_mirrored":
-        _check_tf_config()
-        # Physical, not logical, devices: listing logical ones initializes the runtime,
-        # after which collective ops can no longer be configured.
-        comm = (tf.distribute.experimental.CommunicationImplementation.NCCL
-                if tf.config.list_physical_devices("GPU")
-                else tf.distribute.experimental.CommunicationImplementation.RING)
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                implementation=comm))
+        return _multi_worker_strategy(collective, cluster_resolver, peer_timeout_s,
+                                      num_cpu_devices or 1)
     return _tpu_strategy(tpu)
+
+
+def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_worker):
+    errors.choose("collective", collective, {c: c for c in COLLECTIVES})
+    errors.choose("cluster resolver", resolver_name, {r: r for r in CLUSTER_RESOLVERS})
+    # Physical, not logical, devices: listing logical ones initializes the runtime, after
+    # which collective ops can no longer be configured.
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+    if collective == "auto":
+        collective = "nccl" if num_gpus else "ring"
+    if collective == "nccl" and not num_gpus:
+        raise errors.ConfigError("--collective=nccl needs GPUs and this worker has none; "
+                                 "valid here: auto, ring")
+    if resolver_name == "slurm":
+        from tf_gan_scale import clusters
+        resolver = clusters.slurm_resolver(os.environ, num_gpus=num_gpus)
+    else:
+        _check_tf_config()
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    # Without a cluster (no TF_CONFIG) MWMS runs as one worker: all local devices.
+    if peer_timeout_s is not None and spec.jobs:
+        _configure_failure_detection(spec, peer_timeout_s)
+    impl = {"ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[collective]
+    options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
+    with _cpu_replicas_per_worker(cpus_per_worker if not num_gpus else 1):
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options)
+
+
+def _configure_failure_detection(spec, peer_timeout_s):
+    """Sets the coordination service's heartbeat timeout before MWMS starts it.
+
+    MultiWorkerMirroredStrategy configures the service itself only if nobody did, with
+    TensorFlow's default timeout; this is the same configuration with ours.
+    """
+    if peer_timeout_s <= 0:
+        raise errors.ConfigError(f"--peer_timeout_s must be > 0; Received: {peer_timeout_s}")
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker") if job in spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        heartbeat_timeout_in_ms=int(peer_timeout_s * 1000),
+        coordinated_jobs=jobs)
+
+
+@contextlib.contextmanager
+def _cpu_replicas_per_worker(num):
+    """Makes MultiWorkerMirroredStrategy use CPU:0..num-1 of each worker as replicas.
+
+    MWMS hard-codes one CPU replica per worker (`_initialize_local_devices`); with the CPU
+    split into logical devices, this lets a CPU box test N workers x K replicas, the
+    layout of N hosts with K GPUs each. Only used when asked for (num > 1).
+    """
+    if num <= 1:
+        yield
+        return
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    ext = cars.CollectiveAllReduceExtended
+    original = ext._initialize_local_devices
+
+    def local_devices(self, cluster_resolver, worker_device):
+        devices, kind = original(self, cluster_resolver, worker_device)
+        if kind != "CPU":
+            return devices, kind
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in range(num)), "CPU"
+
+    ext._initialize_local_devices = local_devices
+    try:
+        yield
+    finally:
+        ext._initialize_local_devices = original
 
 
 def _tpu_strategy(tpu):

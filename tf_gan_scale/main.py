@@ -28,6 +28,12 @@ flags.DEFINE_string("strategy", "auto", f"One of {', '.join(distribute.STRATEGIE
 flags.DEFINE_integer("num_gpus", None, "Use the first N local GPUs (default: all).")
 flags.DEFINE_integer("num_cpu_devices", None, "Split the CPU into N logical devices.")
 flags.DEFINE_string("tpu", None, "TPU name, 'local' or grpc://HOST:PORT (--strategy=tpu).")
+flags.DEFINE_string("collective", "auto", "Multi-worker all-reduce: "
+                    f"{', '.join(distribute.COLLECTIVES)} (auto: NCCL with GPUs, else RING).")
+flags.DEFINE_string("cluster_resolver", "tf_config", "Multi-worker cluster from: "
+                    f"{', '.join(distribute.CLUSTER_RESOLVERS)}.")
+flags.DEFINE_float("peer_timeout_s", None, "Multi-worker: a worker silent this long is lost "
+                   "and the others fail naming it (default: TensorFlow's, about 10 s).")
 flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
 FLAGS = flags.FLAGS
 
@@ -41,7 +47,10 @@ def main(argv):
     logging.set_verbosity(logging.INFO)
     # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
-    strategy = distribute.make_strategy(FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu)
+    strategy = distribute.make_strategy(
+        FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu, collective=FLAGS.collective,
+        cluster_resolver=FLAGS.cluster_resolver, peer_timeout_s=FLAGS.peer_timeout_s,
+        num_cpu_devices=FLAGS.num_cpu_devices)
     from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
     train_lib.run(config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir)
 

@@ -1,0 +1,230 @@
+"""Runs a multi-worker command as N local processes: what a cluster manager does, on one box.
+
+    rc = launch(["python", "-m", "tf_gan_scale.main", ...], num_workers=2)
+
+Each worker gets TF_CONFIG for a cluster of `num_workers` tasks on free loopback ports and
+its own log prefix (`[worker i] `). The group lives and dies together:
+  * a worker exiting non-zero (a crash, or 143 after a preemption checkpoint) ends the
+    group: the others get `grace_s` to exit on their own (a peer failure reaches them
+    through the collectives), then SIGKILL;
+  * SIGINT/SIGTERM to the launcher are forwarded as SIGTERM to every worker (so each
+    saves a preemption checkpoint), then SIGKILL after `grace_s`; no restart follows;
+  * after a failure the whole group is started again, on fresh ports, up to
+    `max_restarts` times; a training command resumes from its latest checkpoint.
+Only processes started here (and their process groups) are ever signalled.
+
+This module does not import TensorFlow.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped after saving; restart me".
+
+
+def free_ports(n, host="127.0.0.1"):
+    """n distinct TCP ports free on `host` right now."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_config(cluster_hosts, index):
+    """TF_CONFIG JSON for task `index` of a worker-only cluster ["host:port", ...]."""
+    return json.dumps({"cluster": {"worker": list(cluster_hosts)},
+                       "task": {"type": "worker", "index": int(index)}})
+
+
+def num_local_gpus():
+    """Physical NVIDIA GPUs visible here (0 without nvidia-smi), without importing TF."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.0.1",
+                    ports=None):
+    """[(argv, env_updates)] for each worker.
+
+    Devices: with GPUs, worker i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES;
+    on CPU with K > 1 each worker gets `--num_cpu_devices=K` (our binaries' flag), i.e.
+    K logical CPU replicas per worker.
+    """
+    if num_workers < 1:
+        raise ValueError(f"--num_workers must be >= 1; Received: {num_workers}")
+    if devices_per_worker < 1:
+        raise ValueError(f"--devices_per_worker must be >= 1; Received: {devices_per_worker}")
+    if num_gpus and num_workers * devices_per_worker > num_gpus:
+        raise ValueError(f"--num_workers={num_workers} x --devices_per_worker="
+                         f"{devices_per_worker} needs {num_workers * devices_per_worker} "
+                         f"GPUs; this machine has {num_gpus}")
+    ports = ports or free_ports(num_workers, host)
+    hosts = [f"{host}:{p}" for p in ports]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpu_ids = ([d.strip() for d in visible.split(",")] if visible
+               else [str(i) for i in range(num_gpus)])
+    out = []
+    for i in range(num_workers):
+        env = {"TF_CONFIG": tf_config(hosts, i)}
+        argv = list(cmd)
+        if num_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                gpu_ids[i * devices_per_worker:(i + 1) * devices_per_worker])
+        elif devices_per_worker > 1:
+            argv.append(f"--num_cpu_devices={devices_per_worker}")
+        out.append((argv, env))
+    return out
+
+
+class _Group:
+    """The worker processes of one attempt, with their log pumps."""
+
+    def __init__(self, commands, out, lock):
+        self.procs, self.pumps = [], []
+        for i, (argv, env) in enumerate(commands):
+            proc = subprocess.Popen(
+                argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                errors="replace",
+                # Own process group: a terminal's Ctrl-C reaches the launcher only, which
+                # forwards it; and killing the group takes the worker's children too.
+                start_new_session=True)
+            pump = threading.Thread(target=self._pump, args=(proc, f"[worker {i}] ", out, lock),
+                                    daemon=True)
+            pump.start()
+            self.procs.append(proc)
+            self.pumps.append(pump)
+
+    @staticmethod
+    def _pump(proc, prefix, out, lock):
+        for line in proc.stdout:
+            with lock:
+                out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
+                out.flush()
+
+    def signal_all(self, sig):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def wait_all(self, timeout):
+        """Waits up to `timeout` s for every worker; True if all have exited."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def close(self):
+        self.signal_all(signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+        for t in self.pumps:
+            t.join(timeout=5)
+
+
+def _exit_code(rc):
+    return 128 - rc if rc < 0 else rc  # Killed by signal N -> 128 + N, as a shell reports.
+
+
+def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30.0,
+           num_gpus=None, out=None, poll_s=0.1):
+    """Runs `cmd` as `num_workers` local workers; returns the exit code for the launcher.
+
+    0 when every worker of an attempt exits 0; otherwise the first failing worker's code
+    (128 + N for a death by signal N) of the last attempt.
+    """
+    out = out or sys.stdout
+    lock = threading.Lock()
+    num_gpus = num_local_gpus() if num_gpus is None else num_gpus
+    stop = []  # Signals received by the launcher.
+    handlers = {}
+
+    def on_signal(signum, frame):
+        del frame
+        stop.append(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, on_signal)
+
+    def say(msg):
+        with lock:
+            out.write(f"[launch] {msg}\n")
+            out.flush()
+
+    try:
+        rc = 0
+        for attempt in range(max_restarts + 1):
+            commands = worker_commands(cmd, num_workers, devices_per_worker, num_gpus)
+            say(f"attempt {attempt + 1}/{max_restarts + 1}: starting {num_workers} workers: "
+                f"{' '.join(os.path.basename(a) if k == 0 else a for k, a in enumerate(commands[0][0]))}")
+            group = _Group(commands, out, lock)
+            try:
+                rc, why = _supervise(group, stop, grace_s, poll_s)
+            finally:
+                group.close()
+            if rc == 0:
+                say("all workers finished")
+                return 0
+            say(why)
+            if stop:
+                return rc
+            if attempt < max_restarts:
+                say(f"restarting the group ({attempt + 1} of {max_restarts} restarts)")
+        return rc
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(group, stop, grace_s, poll_s):
+    """Waits for the group; returns (exit code, reason)."""
+    forwarded = False
+    while True:
+        if stop and not forwarded:
+            # Forward as SIGTERM: the workers' preemption handlers save a checkpoint.
+            group.signal_all(signal.SIGTERM)
+            forwarded = True
+            if not group.wait_all(grace_s):
+                group.signal_all(signal.SIGKILL)
+            codes = [_exit_code(p.wait()) for p in group.procs]
+            return 128 + stop[0], (f"stopped by signal {stop[0]}; worker exit codes {codes}")
+        codes = [p.poll() for p in group.procs]
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            i, code = failed[0]
+            # The others learn of the loss through their collectives (peer timeout) or
+            # save and exit themselves after a preemption; past grace_s they are killed.
+            if not group.wait_all(grace_s):
+                group.signal_all(signal.SIGKILL)
+            codes = [_exit_code(p.wait()) for p in group.procs]
+            return _exit_code(code), f"worker {i} exited with code {_exit_code(code)}; " \
+                                     f"worker exit codes {codes}"
+        if all(c == 0 for c in codes):
+            return 0, "ok"
+        time.sleep(poll_s)
