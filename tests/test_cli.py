@@ -97,6 +97,15 @@ BAD = [
      "global_batch_size=33 is not divisible by the 2 replicas"),
     (["--config.model.latent_dim=7"], "does not match this config's model"),
     (["--strategy=tpu", "--tpu=local"], "--strategy=tpu: no usable TPU"),
+    # Nobody listens on port 1: refused at once, not connect_to_cluster's endless wait.
+    (["--strategy=tpu", "--tpu=grpc://127.0.0.1:1"], "--tpu='grpc://127.0.0.1:1': cannot connect"),
+    (["--collective=mpi"], "unknown collective 'mpi'; valid: auto, nccl, ring"),
+    (["--strategy=multi_worker_mirrored", "--collective=nccl"], "--collective=nccl needs GPUs"),
+    (["--strategy=multi_worker_mirrored", "--cluster_resolver=slurm"],
+     "SLURM_STEP_NODELIST is not set; run inside a Slurm job step"),
+    (["--cluster_resolver=k8s"], "unknown cluster resolver 'k8s'; valid: slurm, tf_config"),
+    (["--config.train.steps_per_execution=3"],
+     "num_steps=4 is not a multiple of config.train.steps_per_execution=3"),
     (["--config=experiments/nope.py"], "cannot load --config"),
 ]
 

@@ -5,13 +5,18 @@ so they agree with the checkpoint numbering after a resume.
 """
 
 import os
+import shutil
+import sys
+import tempfile
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tf_gan_scale import images, latents
+from tf_gan_scale.launch import PREEMPTED_EXIT_CODE
 
 
 def _step(model):
@@ -81,6 +86,61 @@ class Checkpoint(_Every):
             self.manager.save(checkpoint_number=step)
 
 
+class Preemption(keras.callbacks.Callback):
+    """On SIGTERM to ANY worker, every worker saves a checkpoint at the same step and the
+    process exits with PREEMPTED_EXIT_CODE (143); a restart resumes at exactly that step.
+
+    Built on `tf.distribute.experimental.PreemptionCheckpointHandler`: the signalled worker
+    picks "after the next step" and tells the others through the coordination service
+    (no collective per step). The handler counts its calls to agree on that step, and
+    would restore its count from the checkpoint it is given -- on the chief from the
+    shared workdir but on other workers from their private directories, so the counts
+    would disagree after a resume. It therefore gets a private, empty checkpoint (count
+    0 everywhere) and saves through `save_fn`: the run's own manager, numbered by step.
+
+    Args:
+        strategy: the run's strategy (its cluster resolver, if any, defines the cluster).
+        manager: the run's tf.train.CheckpointManager.
+    """
+
+    def __init__(self, strategy, manager):
+        super().__init__()
+        self.strategy, self.manager = strategy, manager
+        self.handler = self._dir = None
+
+    def on_train_begin(self, logs=None):
+        self._dir = tempfile.mkdtemp(prefix="tf_gan_scale_preemption_")
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if resolver is not None and not resolver.cluster_spec().jobs:
+            resolver = None
+        self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            resolver, tf.train.CheckpointManager(tf.train.Checkpoint(), self._dir, 1),
+            termination_config=tf.distribute.experimental.TerminationConfig(
+                exit_fn=self._exit, save_fn=self._save))
+
+    def _save(self):
+        step = _step(self.model)
+        latest = self.manager.latest_checkpoint
+        if latest is None or not latest.endswith(f"-{step}"):  # Not saved at this step yet.
+            self.manager.save(checkpoint_number=step)
+        logging.info("preemption: saved checkpoint at step %d", step)
+
+    def _exit(self):
+        self._cleanup()
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.handler.save_checkpoint_if_preempted()
+
+    def on_train_end(self, logs=None):
+        self._cleanup()
+
+    def _cleanup(self):
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
 class Samples(_Every):
     """Writes `samples/step_XXXXXXX.png` (grid or 2D scatter) from fixed latents.
 
@@ -131,6 +191,11 @@ class Summaries(_Every):
             tf.summary.scalar("steps_per_sec", rate, step=step)
             tf.summary.scalar("images_per_sec", rate * self.global_batch_size, step=step)
         self.writer.flush()
+        # Global numbers: losses are means over all replicas and workers, throughput is
+        # of the whole job (global batch), the step is the generator step.
+        logging.info("step %d: %s; %.2f steps/s, %.1f images/s (global)", step,
+                     ", ".join(f"{k}={float(np.asarray(v)):.4f}" for k, v in (logs or {}).items()),
+                     rate, rate * self.global_batch_size)
 
     def on_train_end(self, logs=None):
         self.writer.flush()

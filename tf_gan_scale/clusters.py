@@ -96,6 +96,7 @@ def kubernetes_manifest(name, num_workers, image, command, *, port=DEFAULT_PORT,
                "metadata": {"name": name, **meta, "labels": labels},
                # Headless: NAME-worker-I.NAME resolves to the pod with that hostname.
                "spec": {"clusterIP": "None", "selector": labels,
+                        "publishNotReadyAddresses": True,
                         "ports": [{"name": "grpc", "port": port}]}}
     items = [service]
     for i in range(num_workers):

@@ -21,6 +21,7 @@ on all others with an error naming it, instead of a hang.
 import contextlib
 import json
 import os
+import socket
 
 import tensorflow as tf
 
@@ -29,6 +30,7 @@ from tf_gan_scale import errors
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 COLLECTIVES = ("auto", "ring", "nccl")
+TPU_CONNECT_TIMEOUT_S = 30
 
 
 def configure_cpu_devices(num):
@@ -100,6 +102,8 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
     GPU; configure_cpu_devices must have split the CPU).
     """
     errors.choose("strategy", name, {s: s for s in STRATEGIES})
+    errors.choose("collective", collective, {c: c for c in COLLECTIVES})
+    errors.choose("cluster resolver", cluster_resolver, {r: r for r in CLUSTER_RESOLVERS})
     if name == "auto":
         name = "mirrored" if len(_local_devices(num_gpus)) > 1 else "one_device"
     if name == "one_device":
@@ -115,8 +119,6 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
 
 
 def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_worker):
-    errors.choose("collective", collective, {c: c for c in COLLECTIVES})
-    errors.choose("cluster resolver", resolver_name, {r: r for r in CLUSTER_RESOLVERS})
     # Physical, not logical, devices: listing logical ones initializes the runtime, after
     # which collective ops can no longer be configured.
     num_gpus = len(tf.config.list_physical_devices("GPU"))
@@ -194,6 +196,15 @@ def _cpu_replicas_per_worker(num):
 def _tpu_strategy(tpu):
     if not tpu:
         raise errors.ConfigError("--strategy=tpu needs --tpu=NAME|local|grpc://HOST:PORT")
+    if tpu.startswith("grpc://"):
+        # connect_to_cluster waits forever for an address nobody answers at.
+        host, _, port = tpu[len("grpc://"):].rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=TPU_CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as e:
+            raise errors.ConfigError(f"--strategy=tpu: no usable TPU at --tpu={tpu!r}: cannot "
+                                     f"connect ({e}); expected grpc://HOST:PORT of a TPU "
+                                     f"worker, a TPU name, or 'local'") from None
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
             tpu="" if tpu == "local" else tpu)

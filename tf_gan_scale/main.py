@@ -9,6 +9,7 @@ Bad input exits with status 2 and one line on stderr.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -52,7 +53,17 @@ def main(argv):
         cluster_resolver=FLAGS.cluster_resolver, peer_timeout_s=FLAGS.peer_timeout_s,
         num_cpu_devices=FLAGS.num_cpu_devices)
     from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
-    train_lib.run(config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir)
+    import tensorflow as tf
+    try:
+        train_lib.run(config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.DeadlineExceededError) as e:
+        # A lost peer aborts this worker's collectives; TensorFlow's message names it
+        # ("The following tasks are unhealthy ...: /job:worker/replica:0/task:1").
+        lines = [ln.strip() for ln in str(e.message).splitlines() if ln.strip()]
+        print(f"error: multi-worker run aborted: {' '.join(lines[:2])[:500]}",
+              file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,13 @@ def validate(config, num_replicas):
     for key in ("num_steps", "global_batch_size", "d_steps", "steps_per_execution"):
         if int(t[key]) < 1:
             raise errors.ConfigError(f"config.train.{key} must be >= 1; Received: {t[key]}")
+    for key in ("num_steps", "log_every"):
+        if int(t[key]) % int(t.steps_per_execution):
+            # One call of the step function runs steps_per_execution steps: a run (and a
+            # Keras "epoch" of log_every steps) must be a whole number of calls.
+            raise errors.ConfigError(
+                f"config.train.{key}={t[key]} is not a multiple of config.train."
+                f"steps_per_execution={t.steps_per_execution}")
     if t.global_batch_size % num_replicas:
         raise errors.ConfigError(
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
@@ -163,7 +170,8 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
     os.makedirs(out_dir, exist_ok=True)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "checkpoints"),
                                          max_to_keep=t.keep_checkpoints)
-    cbs = [callbacks.StopAtStep(t.num_steps), callbacks.Checkpoint(manager, t.checkpoint_every)]
+    cbs = [callbacks.StopAtStep(t.num_steps), callbacks.Checkpoint(manager, t.checkpoint_every),
+           callbacks.Preemption(strategy, manager)]
     if chief:
         _write_run(out_dir, config, source)
         writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))

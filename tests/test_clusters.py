@@ -1,0 +1,104 @@
+"""Cluster specs for Slurm and Kubernetes, the shipped examples, and the TPU path up to
+the resolver (nothing here has a TPU)."""
+
+import json
+import re
+import shlex
+
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, run_cmd
+from tf_gan_scale import clusters, distribute, errors
+
+# What srun sets for `--nodes=2 --ntasks-per-node=2` (experiments/slurm/train.sbatch).
+SLURM_2x2 = {"SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+             "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+def test_slurm_cluster_block_layout_and_ports():
+    workers = ["gpu07:8888", "gpu07:8889", "gpu08:8888", "gpu08:8889"]
+    for rank in range(4):
+        cluster, index = clusters.slurm_cluster(dict(SLURM_2x2, SLURM_PROCID=str(rank)))
+        assert cluster == {"worker": workers} and index == rank
+    cluster, _ = clusters.slurm_cluster({"SLURM_JOB_NODELIST": "a1,b[3-4]",
+                                         "SLURM_TASKS_PER_NODE": "1(x2),2",
+                                         "SLURM_PROCID": "3", "TF_GAN_SCALE_PORT": "9000"})
+    assert cluster == {"worker": ["a1:9000", "b3:9000", "b4:9000", "b4:9001"]}
+
+
+def test_slurm_resolver_on_a_cpu_only_node():
+    # TensorFlow's SlurmClusterResolver needs nvidia-smi / a GPU count (tensorflow#56894).
+    resolver = clusters.slurm_resolver(dict(SLURM_2x2, SLURM_PROCID="2"), num_gpus=0)
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": ["gpu07:8888", "gpu07:8889", "gpu08:8888", "gpu08:8889"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 2)
+    assert resolver.num_accelerators() == {"GPU": 0}
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "SLURM_STEP_NODELIST is not set; run inside a Slurm job step"),
+    (dict(SLURM_2x2, SLURM_PROCID="4"), "SLURM_PROCID=4 but the step has 4 tasks (valid: 0..3)"),
+    (dict(SLURM_2x2, SLURM_PROCID="0", SLURM_STEP_TASKS_PER_NODE="2"),
+     "2 hosts in 'gpu[07-08]' but 1 entries in tasks-per-node '2'"),
+    (dict(SLURM_2x2, SLURM_PROCID="0", SLURM_STEP_TASKS_PER_NODE="x"), "bad Slurm variables"),
+])
+def test_slurm_bad_environment_is_a_clear_error(env, message):
+    with pytest.raises(errors.ConfigError, match=re.escape(message)):
+        clusters.slurm_cluster(env)
+
+
+def test_sbatch_example_runs_the_slurm_resolver_with_its_layout():
+    text = open(f"{REPO}/experiments/slurm/train.sbatch").read()
+    nodes = int(re.search(r"#SBATCH --nodes=(\d+)", text).group(1))
+    per_node = int(re.search(r"#SBATCH --ntasks-per-node=(\d+)", text).group(1))
+    assert (nodes, per_node) == (2, 2)  # = SLURM_2x2 above.
+    srun = " ".join(text.split("srun", 1)[1].replace("\\\n", " ").split())
+    assert "--strategy=multi_worker_mirrored --cluster_resolver=slurm" in srun
+    config = re.search(r"--config=(\S+)", srun).group(1)
+    assert open(f"{REPO}/{config}")  # The config it names exists.
+
+
+def test_kubernetes_manifest_gives_each_pod_its_tf_config():
+    manifest = clusters.kubernetes_manifest("gan", 3, "img:1", ["python", "-m", "x"],
+                                            gpus_per_worker=2, volume_claim="runs")
+    service, *pods = manifest["items"]
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    hosts = [f"gan-worker-{i}.gan:8888" for i in range(3)]
+    for i, pod in enumerate(pods):
+        assert pod["metadata"]["name"] == f"gan-worker-{i}"
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (f"gan-worker-{i}", "gan")
+        (container,) = pod["spec"]["containers"]
+        (env,) = container["env"]
+        assert json.loads(env["value"]) == {"cluster": {"worker": hosts},
+                                            "task": {"type": "worker", "index": i}}
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+        assert container["volumeMounts"][0]["mountPath"] == "/workdir"
+
+
+def test_shipped_kubernetes_example_is_what_the_tool_prints():
+    path = f"{REPO}/experiments/kubernetes/dcgan_mnist_2workers.yaml"
+    shipped = json.load(open(path))
+    pod = shipped["items"][1]["spec"]["containers"][0]
+    cmd = [a for a in pod["command"]]
+    proc = run_cmd(["tools/k8s_manifest.py", "--name=dcgan", "--num_workers=2",
+                    f"--image={pod['image']}", "--gpus_per_worker=1", "--volume_claim=runs",
+                    "--", *cmd])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == shipped
+    assert "--strategy=multi_worker_mirrored" in cmd
+    assert open(f"{REPO}/{next(a for a in cmd if a.startswith('--config=')).split('=')[1]}")
+
+
+def test_kubernetes_tool_bad_name_is_one_line():
+    proc = run_cmd(["tools/k8s_manifest.py", "--name=Bad_Name", "--num_workers=2",
+                    "--image=i", "--", "python"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--name must be a DNS label" in proc.stderr
+
+
+def test_tpu_path_up_to_the_resolver():
+    # A grpc:// address resolves without any cloud lookup (what --tpu=grpc://... builds).
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://10.0.0.2:8470")
+    assert resolver.master() == "grpc://10.0.0.2:8470"
+    assert resolver.cluster_spec().as_dict() == {"worker": ["10.0.0.2:8470"]}
