@@ -9,6 +9,7 @@ Bad input exits with status 2 and one line on stderr.
 """
 
 import os
+import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -60,10 +61,26 @@ def main(argv):
             tf.errors.DeadlineExceededError) as e:
         # A lost peer aborts this worker's collectives; TensorFlow's message names it
         # ("The following tasks are unhealthy ...: /job:worker/replica:0/task:1").
-        lines = [ln.strip() for ln in str(e.message).splitlines() if ln.strip()]
-        print(f"error: multi-worker run aborted: {' '.join(lines[:2])[:500]}",
-              file=sys.stderr)
+        print(f"error: {_lost_peer_message(str(e.message), strategy)}", file=sys.stderr)
         sys.exit(1)
+
+
+def _lost_peer_message(message, strategy):
+    """One line from a collective abort: which peers the error names, and its cause.
+
+    The graph error's message starts with a traceback of the op; the cause ("tasks are
+    unhealthy", "Connection reset by peer from remote target ...") follows it.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    me = (f"/job:{resolver.task_type}/replica:0/task:{resolver.task_id}"
+          if resolver is not None and resolver.task_type else None)
+    peers = sorted(set(re.findall(r"/job:\w+/replica:\d+/task:\d+", message)) - {me})
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    cause = next((ln for ln in lines if re.search(
+        r"unhealthy|remote target|aborted by|Connection|Deadline", ln)), lines[-1] if lines else "")
+    cause = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", cause)
+    return (f"multi-worker run aborted, lost {' '.join(peers) or 'a peer'}: "
+            f"{cause[:400]}")
 
 
 if __name__ == "__main__":
