@@ -12,15 +12,16 @@ LATENT = 8
 GB = 16
 
 
-def make(strategy, *, d_steps=1, sync_bn=True, d_norm="batch", spe=1, loss="non_saturating"):
+def make(strategy, *, d_steps=1, sync_bn=True, d_norm="batch", spe=1, loss="non_saturating",
+         **opt):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
                                    d_dropout=0.0, sync_bn=sync_bn, d_norm=d_norm,
                                    g_channels=(16, 8, 4), d_channels=(4, 8))
         model = gan.GAN(g, d, LATENT, seed=5)
-        model.compile(g_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5),
-                      d_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5), loss=loss,
+        model.compile(g_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5, **opt),
+                      d_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5, **opt), loss=loss,
                       d_steps=d_steps, steps_per_execution=spe)
     return model
 
@@ -130,3 +131,43 @@ def test_fit_accepts_plain_batches(one_device, batch):
     model = make(one_device)
     history = model.fit(ds.batch(GB, drop_remainder=True), epochs=2, verbose=0).history
     assert len(history["d_loss"]) == 2 and int(model.step.numpy()) == 8  # Finite: 4/epoch.
+
+
+@pytest.mark.parametrize("clip", [{"global_clipnorm": 1e-3}, {"clipnorm": 1e-4},
+                                  {"clipvalue": 1e-5}])
+def test_optimizer_clipping_acts_on_global_gradients(one_device, mirrored2, clip):
+    # Keras clips before its own all-reduce, i.e. per replica; the GAN reduces first.
+    # Bounds small enough to bind on every step.
+    models = [make(s, **clip) for s in (one_device, mirrored2)]
+    for model, strategy in zip(models, (one_device, mirrored2)):
+        fit(model, strategy, 2)
+    np.testing.assert_allclose(samples(models[0]), samples(models[1]), atol=2e-6)
+    unclipped = make(one_device)
+    fit(unclipped, one_device, 2)
+    assert np.abs(samples(unclipped) - samples(models[0])).max() > 1e-3  # Clipping bound.
+
+
+def test_loss_scale_overflow_check_sees_an_inf_on_any_replica(mirrored2):
+    # An inf gradient on replica 1 only: the update must be skipped on BOTH replicas (and
+    # the loss scale halved); Keras' own check looked at replica 0's local gradient.
+    with mirrored2.scope():
+        var = tf.Variable([1.0, 2.0])
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1),
+                                                  initial_scale=8.0)
+        opt.build([var])
+
+    @tf.function
+    def step(bad):
+        def replica_fn():
+            rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+            g = tf.where(tf.logical_and(bad, rid == 1), np.inf, 8.0) * tf.ones([2])
+            gan.apply_global_gradients(opt, [g], [var])
+        mirrored2.run(replica_fn)
+
+    step(tf.constant(True))
+    for v in mirrored2.experimental_local_results(var):
+        np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    assert float(opt.dynamic_scale.numpy()) == 4.0
+    step(tf.constant(False))  # Global gradient 2 x 8 / scale 4 = 4 per element.
+    for v in mirrored2.experimental_local_results(var):
+        np.testing.assert_allclose(v.numpy(), [0.6, 1.6], rtol=1e-6)

@@ -19,6 +19,9 @@ two optimizers anyway. Distributed math, in one place each:
   * batch statistics are cross-replica (`synchronized=True` BN in the architectures).
 """
 
+import contextlib
+import threading
+
 import keras
 import tensorflow as tf
 
@@ -144,10 +147,10 @@ class GAN(keras.Model):
                 noise = latents.replica_uniform(self.seed, step, latents.PENALTY_PHASE + k, b, [])
                 per_example += self.penalty_weight * self.penalty_fn(
                     self.discriminator, real=real, fake=fake, noise=noise)
-            # This replica's share of the global mean; apply_gradients sums the shares.
-            loss = replica.global_mean(per_example, gb)
+            # This replica's share of the global mean; the all-reduce sums the shares.
+            loss = self.d_optimizer.scale_loss(replica.global_mean(per_example, gb))
         grads = tape.gradient(loss, self.discriminator.trainable_variables)
-        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_variables))
+        apply_global_gradients(self.d_optimizer, grads, self.discriminator.trainable_variables)
         return per_example
 
     def _g_update(self, b, step):
@@ -159,9 +162,9 @@ class GAN(keras.Model):
             fake_logits = self.discriminator(fake, training=True)
             # real_logits only feed the D term, which G's gradient ignores.
             per_example = self.loss_fn(real_logits=fake_logits, fake_logits=fake_logits).g
-            loss = replica.global_mean(per_example, gb)
+            loss = self.g_optimizer.scale_loss(replica.global_mean(per_example, gb))
         grads = tape.gradient(loss, self.generator.trainable_variables)
-        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_variables))
+        apply_global_gradients(self.g_optimizer, grads, self.generator.trainable_variables)
         return per_example
 
     def train_step(self, data):
@@ -225,6 +228,63 @@ class GAN(keras.Model):
     def generate(self, z, batch_size=256):
         """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
         return generate(self.generator, z, batch_size)
+
+
+@tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.
+def apply_global_gradients(optimizer, grads, variables):
+    """The gradient all-reduce of a step, for one network: ONE fused SUM of all its
+    gradients across replicas and workers, then `optimizer.apply` on the global sums.
+
+    Keras' TensorFlow optimizers would all-reduce inside `apply`, but only after their
+    clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) and, for `LossScaleOptimizer`,
+    after its inf/NaN check, so both acted on one replica's local gradients (see
+    KERAS3_DISTRIBUTE_NOTES). Reducing first makes clipping and overflow checks see the
+    same global gradients on every replica, as on one device; the optimizer's own
+    all-reduce is switched off for this call (the gradients already are the sums).
+
+    Args:
+        optimizer: a Keras optimizer (or LossScaleOptimizer), built on `variables`.
+        grads: list of this replica's gradients (None for unconnected variables).
+        variables: the matching trainable variables.
+    Call in replica context (inside `strategy.run`) or without a strategy.
+    """
+    ctx = tf.distribute.get_replica_context()
+    live = [i for i, g in enumerate(grads) if g is not None]
+    if ctx is not None and ctx.num_replicas_in_sync > 1 and live:
+        # A list all-reduces as one batch: packed into one collective by MWMS.
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in live])
+        grads = list(grads)
+        for i, g in zip(live, reduced):
+            grads[i] = g
+    with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
+        optimizer.apply(grads, variables)
+
+
+_PASSTHROUGH_LOCK = threading.Lock()
+_PASSTHROUGH_USERS = {}
+
+
+@contextlib.contextmanager
+def _already_reduced(optimizer):
+    """While tracing inside, `optimizer`'s all-reduce passes gradients through.
+
+    `_all_reduce_sum_gradients` is where Keras' TensorFlow optimizer reduces. It is
+    shadowed in the instance __dict__ (Keras' __setattr__ would track the value), and
+    reference-counted: MirroredStrategy traces its replicas in parallel threads.
+    """
+    key = id(optimizer)
+    with _PASSTHROUGH_LOCK:
+        if not _PASSTHROUGH_USERS.get(key):
+            vars(optimizer)["_all_reduce_sum_gradients"] = list
+        _PASSTHROUGH_USERS[key] = _PASSTHROUGH_USERS.get(key, 0) + 1
+    try:
+        yield
+    finally:
+        with _PASSTHROUGH_LOCK:
+            _PASSTHROUGH_USERS[key] -= 1
+            if not _PASSTHROUGH_USERS[key]:
+                del _PASSTHROUGH_USERS[key]
+                vars(optimizer).pop("_all_reduce_sum_gradients")
 
 
 def generate(generator, z, batch_size=256):
