@@ -40,9 +40,9 @@ def test_dcgan_28x28_is_the_tensorflow_tutorial_model():
     assert d.count_params() == 212_865 + 2
     assert sum(int(np.prod(w.shape)) for w in d.trainable_weights) == 212_865
     assert [type(layer).__name__ for layer in g.layers] == [
-        "Dense", "BatchNormalization", "LeakyReLU", "Reshape",
-        "Conv2DTranspose", "BatchNormalization", "LeakyReLU",
-        "Conv2DTranspose", "BatchNormalization", "LeakyReLU", "Conv2DTranspose"]
+        "Dense", "SyncBatchNormalization", "LeakyReLU", "Reshape",
+        "Conv2DTranspose", "SyncBatchNormalization", "LeakyReLU",
+        "Conv2DTranspose", "SyncBatchNormalization", "LeakyReLU", "Conv2DTranspose"]
     assert [type(layer).__name__ for layer in d.layers] == [
         "Conv2D", "LeakyReLU", "ReplicaDropout", "Conv2D", "LeakyReLU", "ReplicaDropout",
         "Flatten", "Dense"]

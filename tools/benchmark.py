@@ -12,10 +12,19 @@ TFDS dataset that is not on this machine: the compute is the same). With --basel
 trained by `PlainGAN` below -- the GAN `train_step` users write by hand after the Keras
 DCGAN example (keras.io/examples/generative/dcgan_overriding_train_step) -- on one
 device, with the same data, optimizers and fit loop, and the ratio is reported.
+
+Multi-worker: `--num_workers=N` starts N local workers (tf_gan_scale.launch, as
+tools/launch_local.py does) that run this benchmark under multi_worker_mirrored at the
+same global batch; the chief's JSON line is printed with "workers": N.
+
+    python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
+        --num_workers=2 --baseline=false [--config.model.sync_bn=false]
 """
 
+import io
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -42,6 +51,8 @@ flags.DEFINE_boolean("baseline", True, "Also time the plain Keras train_step GAN
 flags.DEFINE_list("synthetic", None, "H,W,C: random uint8 images of this shape instead of "
                   "the config's source (same compute; for data not on this machine).")
 flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
+flags.DEFINE_integer("num_workers", 1, "Local worker processes (multi_worker_mirrored).")
+flags.DEFINE_string("collective", "auto", "Multi-worker all-reduce implementation.")
 FLAGS = flags.FLAGS
 
 
@@ -100,15 +111,39 @@ def time_fit(model, dataset, steps, warmup):
     return (stamps[-1] - stamps[warmup - 1]) / steps
 
 
+def run_workers(num_workers):
+    """Runs this benchmark as `num_workers` local workers; prints the chief's JSON line."""
+    from tf_gan_scale import launch
+    argv = [a for a in sys.argv[1:] if not a.startswith(("--num_workers", "--strategy"))]
+    cmd = [sys.executable, os.path.abspath(__file__), *argv,
+           "--strategy=multi_worker_mirrored", "--baseline=false"]
+    out = io.StringIO()
+    rc = launch.launch(cmd, num_workers, out=out, grace_s=10)
+    lines = [ln.split("] ", 1)[1] for ln in out.getvalue().splitlines()
+             if ln.startswith("[worker 0] {")]
+    if rc or not lines:
+        sys.stderr.write(out.getvalue()[-5000:])
+        raise SystemExit(rc or 1)
+    result = json.loads(lines[-1])
+    result["workers"] = num_workers
+    print(json.dumps(result), flush=True)
+
+
 def main(argv):
     del argv
+    if FLAGS.num_workers < 1:
+        raise errors.ConfigError(f"--num_workers must be >= 1; Received: {FLAGS.num_workers}")
+    if FLAGS.num_workers > 1 and "TF_CONFIG" not in os.environ:
+        return run_workers(FLAGS.num_workers)
     config = cli.config_value(_CONFIG)
     if config is None:
         raise errors.ConfigError("--config is required, e.g. --config=experiments/dcgan_mnist.py")
     if min(FLAGS.steps, FLAGS.warmup, FLAGS.repeats) < 1:
         raise errors.ConfigError("--steps, --warmup and --repeats must be >= 1")
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
-    strategy = distribute.make_strategy(FLAGS.strategy, num_gpus=FLAGS.num_gpus)
+    strategy = distribute.make_strategy(FLAGS.strategy, num_gpus=FLAGS.num_gpus,
+                                        collective=FLAGS.collective,
+                                        num_cpu_devices=FLAGS.num_cpu_devices)
     import keras
     import numpy as np
     from tf_gan_scale import architectures, data, train_lib
@@ -147,6 +182,7 @@ def main(argv):
         "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
         "strategy": FLAGS.strategy,
         "replicas": strategy.num_replicas_in_sync, "global_batch": gb,
+        "sync_bn": bool(config.model.get("sync_bn", False)),
         "d_steps": config.train.d_steps, "steps": FLAGS.steps, "repeats": FLAGS.repeats,
         "step_time_s": round(step_time, 5),
         "images_per_sec": round(gb * config.train.d_steps / step_time, 1),
@@ -158,7 +194,8 @@ def main(argv):
             "step_time_s": round(base_time, 5), "images_per_sec": round(gb / base_time, 1),
             "all_step_times_s": [round(t, 4) for t in times["baseline"]]}
         result["speed_vs_baseline"] = round(base_time / step_time, 3)
-    print(json.dumps(result), flush=True)
+    if distribute.is_chief(strategy):
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

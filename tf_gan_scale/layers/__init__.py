@@ -2,5 +2,6 @@
 
 from tf_gan_scale.layers.normalization import NORMS, make_norm
 from tf_gan_scale.layers.replica_dropout import ReplicaDropout
+from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization
 
-__all__ = ["NORMS", "ReplicaDropout", "make_norm"]
+__all__ = ["NORMS", "ReplicaDropout", "SyncBatchNormalization", "make_norm"]

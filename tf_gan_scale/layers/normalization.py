@@ -3,6 +3,7 @@
 import keras
 
 from tf_gan_scale import errors
+from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization
 
 NORMS = ("none", "batch")
 
@@ -13,11 +14,14 @@ def make_norm(kind, *, sync_bn=True, name=None):
     Args:
         kind: one of NORMS.
         sync_bn: bool. True computes batch statistics over the GLOBAL batch (all replicas,
-            all workers) with an all-reduce, so N replicas normalize exactly like one
-            device on the whole batch. False uses each replica's local batch.
+            all workers) with one all-reduce per layer (SyncBatchNormalization), so N
+            replicas normalize exactly like one device on the whole batch. False uses
+            each replica's local batch.
         name: optional layer name.
     """
     errors.choose("norm", kind, {k: k for k in NORMS})
     if kind == "none":
         return None
-    return keras.layers.BatchNormalization(synchronized=sync_bn, name=name)
+    if sync_bn:
+        return SyncBatchNormalization(name=name)
+    return keras.layers.BatchNormalization(name=name)
