@@ -1,0 +1,85 @@
+"""All-reduce cost model of a config: bytes per step per replica, ring all-reduce time at
+10/25/100/400 Gbit/s, predicted scaling efficiency at 8/64/256 replicas with
+cross-replica BN (and, in parentheses, with local BN), as markdown.
+
+    python tools/allreduce_cost.py --config=experiments/dcgan_mnist.py --data_shape=28,28,1
+
+Model and assumptions: tf_gan_scale/cost_model.py. The compute side assumes
+--per_replica_batch examples per replica (weak scaling) at --tflops effective TFLOP/s;
+links have --latency_us per ring step.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from tf_gan_scale import cli, errors  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file.",
+                                          lock_config=True)
+flags.DEFINE_list("data_shape", None, "H,W,C (or D) of the data; default: load the source.")
+flags.DEFINE_integer("per_replica_batch", 32, "Examples per replica per step.")
+flags.DEFINE_float("tflops", 50.0, "Effective TFLOP/s of one replica (A100/H100-class "
+                   "GPU at a realistic fraction of peak).")
+flags.DEFINE_float("latency_us", 20.0, "Latency of one ring step, microseconds.")
+FLAGS = flags.FLAGS
+
+BANDWIDTHS = (10, 25, 100, 400)
+REPLICAS = (8, 64, 256)
+
+
+def main(argv):
+    del argv
+    config = cli.config_value(_CONFIG)
+    if config is None:
+        raise errors.ConfigError("--config is required")
+    from tf_gan_scale import architectures, cost_model, data, train_lib
+    if FLAGS.data_shape:
+        try:
+            shape = tuple(int(v) for v in FLAGS.data_shape)
+        except ValueError:
+            raise errors.ConfigError(f"--data_shape must be integers; Received: "
+                                     f"{FLAGS.data_shape}") from None
+    else:
+        shape = data.load(config.data.source).shape
+    g, d = architectures.build(config.model.name, data_shape=shape,
+                               latent_dim=config.model.latent_dim,
+                               **train_lib.model_options(config))
+    costs = cost_model.network_costs(g, d, shape, config.model.latent_dim)
+    d_steps = config.train.d_steps
+    msgs = cost_model.step_messages(costs, d_steps)
+    name = os.path.basename(config_flags.get_config_filename(FLAGS["config"]))
+    grad_b, bn_b = sum(msgs["gradients"]), sum(msgs["batch_norm"])
+    print(f"### {name}: {config.model.name}, data {shape}, d_steps {d_steps}\n")
+    print(f"- parameters: G {costs['g_params']:,}, D {costs['d_params']:,}; "
+          f"forward FLOPs/example: G {costs['g_flops']:,}, D {costs['d_flops']:,}")
+    print(f"- per step per replica: gradients {len(msgs['gradients'])} all-reduces, "
+          f"{grad_b / 1e6:.3f} MB; cross-replica BN {len(msgs['batch_norm'])} all-reduces, "
+          f"{bn_b / 1e3:.2f} kB")
+    compute = (FLAGS.per_replica_batch * cost_model.step_flops_per_example(costs, d_steps)
+               / (FLAGS.tflops * 1e12))
+    print(f"- compute per step at {FLAGS.per_replica_batch} examples/replica and "
+          f"{FLAGS.tflops:g} TFLOP/s: {compute * 1e3:.2f} ms; ring latency "
+          f"{FLAGS.latency_us:g} us/step\n")
+    header = "| Gbit/s | " + " | ".join(
+        f"all-reduce ms @{n} | efficiency @{n} (local BN)" for n in REPLICAS) + " |"
+    print(header)
+    print("|" + "---|" * (1 + 2 * len(REPLICAS)))
+    for bw in BANDWIDTHS:
+        cells = []
+        for n in REPLICAS:
+            t = cost_model.ring_time_s(msgs["gradients"] + msgs["batch_norm"], n, bw,
+                                       FLAGS.latency_us * 1e-6)
+            e = [cost_model.efficiency(
+                costs, replicas=n, per_replica_batch=FLAGS.per_replica_batch, gbit_per_s=bw,
+                latency_s=FLAGS.latency_us * 1e-6, flops_per_s=FLAGS.tflops * 1e12,
+                d_steps=d_steps, sync_bn=sync) for sync in (True, False)]
+            cells += [f"{t * 1e3:.2f}", f"{e[0]:.1%} ({e[1]:.1%})"]
+        print(f"| {bw} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    cli.run(main)
