@@ -37,7 +37,7 @@ def straight_run(tmp_path, steps):
 
 def test_sigterm_to_one_worker_checkpoints_all_at_one_step_and_loses_nothing(tmp_path):
     workdir = tmp_path / "run"
-    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=40",
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=60",
                                    "--config.train.checkpoint_every=1000"], max_restarts=1)
     try:
         launcher.wait_for("step 10:")  # The chief's log line at step 10.
@@ -49,19 +49,19 @@ def test_sigterm_to_one_worker_checkpoints_all_at_one_step_and_loses_nothing(tmp
     saved = re.findall(r"\[worker (\d)\].*preemption: saved checkpoint at step (\d+)", log)
     assert sorted(w for w, _ in saved) == ["0", "1"], log[-3000:]
     step = int(saved[0][1])
-    assert int(saved[1][1]) == step and 10 <= step < 40
+    assert int(saved[1][1]) == step and 10 <= step < 60
     assert re.search(r"worker \d exited with code 143; worker exit codes \[143, 143\]", log)
     # Both workers resume exactly where they saved, and finish the configured steps.
-    assert log.count(f"ckpt-{step} at step {step} of 40") == 2
-    assert log.count("finished at step 40") == 2
+    assert log.count(f"ckpt-{step} at step {step} of 60") == 2
+    assert log.count("finished at step 60") == 2
     np.testing.assert_allclose(samples_of(workdir, tmp_path / "s.npy"),
-                               straight_run(tmp_path, 40), atol=1e-4)
+                               straight_run(tmp_path, 60), atol=1e-4)
 
 
 def test_killed_worker_fails_the_others_in_bounded_time_and_restart_finishes(tmp_path):
     workdir = tmp_path / "run"
     timeout_s = 3
-    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=40",
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=60",
                                    f"--peer_timeout_s={timeout_s}"], max_restarts=1)
     try:
         launcher.wait_for("step 10:")
@@ -78,11 +78,11 @@ def test_killed_worker_fails_the_others_in_bounded_time_and_restart_finishes(tmp
     log = launcher.text()
     error = re.search(r"\[worker 0\] error: multi-worker run aborted, lost (\S+): ", log)
     assert error and error.group(1) == "/job:worker/replica:0/task:1", log[-3000:]
-    resumed = re.findall(r"resumed \S+ckpt-(\d+) at step (\d+) of 40", log)
+    resumed = re.findall(r"resumed \S+ckpt-(\d+) at step (\d+) of 60", log)
     assert len(resumed) == 2 and resumed[0] == resumed[1] and int(resumed[0][0]) >= 10
-    assert log.count("finished at step 40") == 2
+    assert log.count("finished at step 60") == 2
     np.testing.assert_allclose(samples_of(workdir, tmp_path / "s.npy"),
-                               straight_run(tmp_path, 40), atol=1e-4)
+                               straight_run(tmp_path, 60), atol=1e-4)
 
 
 # Runs the real binary, but SIGKILLs the process once the files of ckpt-10 are written and
