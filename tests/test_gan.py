@@ -171,3 +171,22 @@ def test_loss_scale_overflow_check_sees_an_inf_on_any_replica(mirrored2):
     step(tf.constant(False))  # Global gradient 2 x 8 / scale 4 = 4 per element.
     for v in mirrored2.experimental_local_results(var):
         np.testing.assert_allclose(v.numpy(), [0.6, 1.6], rtol=1e-6)
+
+
+def test_preemption_callback_gives_sigterm_back_after_training(one_device, tmp_path):
+    import signal
+    from tf_gan_scale import callbacks
+    model = make(one_device)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(**model.checkpoint_items()),
+                                         str(tmp_path), 1)
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    model.fit(one_device.experimental_distribute_dataset(digits()), epochs=1, steps_per_epoch=1,
+              verbose=0, callbacks=[callbacks.Preemption(one_device, manager), Probe()])
+    assert seen and seen[0] is not before  # The handler's, during training.
+    assert signal.getsignal(signal.SIGTERM) is before

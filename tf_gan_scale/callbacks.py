@@ -6,6 +6,7 @@ so they agree with the checkpoint numbering after a resume.
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -106,9 +107,11 @@ class Preemption(keras.callbacks.Callback):
     def __init__(self, strategy, manager):
         super().__init__()
         self.strategy, self.manager = strategy, manager
-        self.handler = self._dir = None
+        self.handler = self._dir = self._sigterm = None
 
     def on_train_begin(self, logs=None):
+        # The handler takes over SIGTERM; after training it must kill the process again.
+        self._sigterm = signal.getsignal(signal.SIGTERM)
         self._dir = tempfile.mkdtemp(prefix="tf_gan_scale_preemption_")
         resolver = getattr(self.strategy, "cluster_resolver", None)
         if resolver is not None and not resolver.cluster_spec().jobs:
@@ -139,6 +142,9 @@ class Preemption(keras.callbacks.Callback):
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
 
 class Samples(_Every):
