@@ -58,6 +58,24 @@ def test_sigterm_to_one_worker_checkpoints_all_at_one_step_and_loses_nothing(tmp
                                straight_run(tmp_path, 60), atol=1e-4)
 
 
+def test_sigterm_to_every_worker_at_once_saves_one_step(tmp_path):
+    # What `scancel`, a node drain or Ctrl-C on the launcher do: all workers get SIGTERM.
+    workdir = tmp_path / "run"
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=600",
+                                   "--config.train.checkpoint_every=1000"], max_restarts=2)
+    try:
+        launcher.wait_for("step 10:")
+        launcher.proc.send_signal(signal.SIGTERM)
+        assert launcher.finish(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        launcher.close()
+    log = launcher.text()
+    saved = re.findall(r"\[worker (\d)\].*preemption: saved checkpoint at step (\d+)", log)
+    assert sorted(w for w, _ in saved) == ["0", "1"] and saved[0][1] == saved[1][1], log[-3000:]
+    assert "worker exit codes [143, 143]" in log and log.count("starting 2 workers") == 1
+    assert os.path.exists(workdir / "checkpoints" / f"ckpt-{saved[0][1]}.index")
+
+
 def test_killed_worker_fails_the_others_in_bounded_time_and_restart_finishes(tmp_path):
     workdir = tmp_path / "run"
     timeout_s = 3
