@@ -14,9 +14,12 @@ Keras 3's own loop cannot run a GAN under multi-worker strategies (see
 KERAS3_DISTRIBUTE_NOTES: scalar-log reduction, steps_per_execution > 1), and a GAN needs
 two optimizers anyway. Distributed math, in one place each:
   * losses are per example and reduced with `replica.global_mean` (divide by the GLOBAL
-    batch once; the optimizer sums gradients across replicas);
+    batch once); `apply_global_gradients` then SUMS each network's gradients across
+    replicas in one fused all-reduce, before the optimizer (so its clipping and
+    loss-scale checks see global gradients);
   * latents and penalty noise come from `latents`, a function of (seed, step, global index);
-  * batch statistics are cross-replica (`synchronized=True` BN in the architectures).
+  * batch statistics are cross-replica (`layers.SyncBatchNormalization`, one all-reduce
+    per layer and pass).
 """
 
 import contextlib
