@@ -1,7 +1,7 @@
 """Cross-replica arithmetic: the single place where losses meet the replica count.
 
-Keras 3 optimizers, called in replica context under a `tf.distribute` strategy, SUM
-gradients across replicas inside `apply_gradients`. A per-replica loss must therefore be
+Gradients are SUMMED across replicas (`gan.apply_global_gradients`; Keras 3 optimizers do
+the same inside `apply_gradients`). A per-replica loss must therefore be
 the replica's share of the global mean: sum of its per-example losses divided by the
 *global* batch size. Summed over replicas that is exactly the loss a single device would
 compute on the whole global batch, so gradients match too.
