@@ -6,11 +6,20 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO
+import numpy as np
+
+from conftest import REPO, run_cmd
 
 # No cloud metadata lookups from PreemptionCheckpointHandler (it probes GCE with a 5 s
 # timeout): point it at an address nothing listens on.
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", GCE_METADATA_IP="127.0.0.7:9")
+
+
+def samples_of(workdir, out):
+    """Generator samples of a run's latest checkpoint (tools/sample.py, fixed latents)."""
+    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={out}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(out)
 
 
 class Launcher:

@@ -13,17 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TINY, run_cmd
-from mw_helpers import ENV, Launcher
+from mw_helpers import ENV, Launcher, samples_of
 
 pytestmark = pytest.mark.slow
 
 ARGS = [*TINY, "--config.model.d_dropout=0.0"]
-
-
-def samples_of(workdir, out):
-    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={out}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return np.load(out)
 
 
 def straight_run(tmp_path, steps):

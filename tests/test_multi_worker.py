@@ -13,18 +13,12 @@ import numpy as np
 import pytest
 
 from conftest import TINY, run_cmd
-from mw_helpers import Launcher
+from mw_helpers import Launcher, samples_of
 from test_cli import scalars
 
 pytestmark = pytest.mark.slow
 
 ARGS = [*TINY, "--config.train.num_steps=10", "--config.model.d_dropout=0.0"]
-
-
-def samples_of(workdir, out):
-    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={out}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return np.load(out)
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,15 @@ def main(argv):
         raise errors.ConfigError("--num_workers is required (>= 1)")
     if FLAGS.max_restarts < 0:
         raise errors.ConfigError(f"--max_restarts must be >= 0; Received: {FLAGS.max_restarts}")
-    try:
-        launch.worker_commands(cmd, FLAGS.num_workers, FLAGS.devices_per_worker,
-                               launch.num_local_gpus(), ports=[0] * FLAGS.num_workers)
+    num_gpus = launch.num_local_gpus()
+    try:  # Bad counts fail here, on one line, before any worker starts.
+        launch.worker_commands(cmd, FLAGS.num_workers, FLAGS.devices_per_worker, num_gpus,
+                               ports=[0] * FLAGS.num_workers)
     except ValueError as e:
         raise errors.ConfigError(str(e)) from None
     sys.exit(launch.launch(cmd, FLAGS.num_workers, devices_per_worker=FLAGS.devices_per_worker,
-                           max_restarts=FLAGS.max_restarts, grace_s=FLAGS.grace_s))
+                           max_restarts=FLAGS.max_restarts, grace_s=FLAGS.grace_s,
+                           num_gpus=num_gpus))
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             return super()._moments(inputs, mask)
         x = tf.cast(inputs, tf.float32)  # Statistics in float32, also under mixed precision.
         axes = self._reduction_axes
-        channels = tf.shape(tf.reduce_sum(x, axes))[0]
+        local_sum = tf.reduce_sum(x, axes)  # [C]
+        channels = tf.shape(local_sum)[0]
         count = tf.cast(tf.size(x) // channels, tf.float32)
-        packed = tf.concat([tf.reduce_sum(x, axes), tf.reduce_sum(tf.square(x), axes),
-                            count[None]], 0)
+        packed = tf.concat([local_sum, tf.reduce_sum(tf.square(x), axes), count[None]], 0)
         total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, packed)  # The one collective.
         s, q, n = total[:channels], total[channels:2 * channels], total[-1]
         mean = s / n
