@@ -2,10 +2,12 @@
 
     python -m tf_gan_scale.main --config=experiments/digits.py --workdir=DIR \
         [--strategy=auto|one_device|mirrored|multi_worker_mirrored|tpu] \
-        [--num_cpu_devices=N] [--num_gpus=N] [--tpu=NAME] [--config.train.num_steps=...]
+        [--num_cpu_devices=N] [--num_gpus=N] [--tpu=NAME] [--config.train.num_steps=...] \
+        [--collective=auto|ring|nccl] [--cluster_resolver=tf_config|slurm] [--peer_timeout_s=S]
 
 Re-running the same command on the same workdir resumes from the latest checkpoint.
-Bad input exits with status 2 and one line on stderr.
+Bad input exits with status 2 and one line on stderr. SIGTERM saves a checkpoint (on every
+worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one line naming it.
 """
 
 import os
