@@ -3,13 +3,12 @@ the resolver (nothing here has a TPU)."""
 
 import json
 import re
-import shlex
 
 import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cmd
-from tf_gan_scale import clusters, distribute, errors
+from tf_gan_scale import clusters, errors
 
 # What srun sets for `--nodes=2 --ntasks-per-node=2` (experiments/slurm/train.sbatch).
 SLURM_2x2 = {"SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",

@@ -129,15 +129,16 @@ class _Group:
                 except ProcessLookupError:
                     pass
 
-    def wait_all(self, timeout):
-        """Waits up to `timeout` s for every worker; True if all have exited."""
-        deadline = time.monotonic() + timeout
+    def end(self, grace_s):
+        """Gives the workers `grace_s` to exit, SIGKILLs the rest; returns their exit codes."""
+        deadline = time.monotonic() + grace_s
         for p in self.procs:
             try:
                 p.wait(max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
-                return False
-        return True
+                self.signal_all(signal.SIGKILL)
+                break
+        return [_exit_code(p.wait()) for p in self.procs]
 
     def close(self):
         self.signal_all(signal.SIGKILL)
@@ -204,15 +205,11 @@ def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30
 
 def _supervise(group, stop, grace_s, poll_s):
     """Waits for the group; returns (exit code, reason)."""
-    forwarded = False
     while True:
-        if stop and not forwarded:
+        if stop:
             # Forward as SIGTERM: the workers' preemption handlers save a checkpoint.
             group.signal_all(signal.SIGTERM)
-            forwarded = True
-            if not group.wait_all(grace_s):
-                group.signal_all(signal.SIGKILL)
-            codes = [_exit_code(p.wait()) for p in group.procs]
+            codes = group.end(grace_s)
             return 128 + stop[0], (f"stopped by signal {stop[0]}; worker exit codes {codes}")
         codes = [p.poll() for p in group.procs]
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -220,9 +217,7 @@ def _supervise(group, stop, grace_s, poll_s):
             i, code = failed[0]
             # The others learn of the loss through their collectives (peer timeout) or
             # save and exit themselves after a preemption; past grace_s they are killed.
-            if not group.wait_all(grace_s):
-                group.signal_all(signal.SIGKILL)
-            codes = [_exit_code(p.wait()) for p in group.procs]
+            codes = group.end(grace_s)
             return _exit_code(code), f"worker {i} exited with code {_exit_code(code)}; " \
                                      f"worker exit codes {codes}"
         if all(c == 0 for c in codes):
