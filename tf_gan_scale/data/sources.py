@@ -2,29 +2,48 @@
 
   tfds:NAME[:SPLIT]   a TensorFlow Datasets dataset ("image" feature, optional "label");
                       honours --tfds_data_dir; SPLIT defaults to "train".
-  npz:PATH            array `x` or `images`, optional `y` or `labels`. uint8 is scaled to
-                      [-1, 1]; [N, H, W] gets a channel axis; float arrays are used as is.
-  folder:PATH         image files (png/jpg/jpeg/bmp/gif), all one size; files in
-                      sub-folders get the sorted sub-folder index as label.
+  npz:PATH            an np.savez archive: array `x` or `images`, optional `y` or `labels`.
+                      uint8 is scaled to [-1, 1]; [N, H, W] gets a channel axis; float
+                      arrays are used as is (see the checks below).
+  folder:PATH         image files (png/jpg/jpeg/bmp/gif), all one size, either all at the
+                      root (label 0) or all in class sub-folders (label: sorted sub-folder
+                      index). Names starting with "." are skipped.
   toy:grid25|ring8    2D mixtures of Gaussians from PacGAN (Lin et al. 2018).
   embedded:digits     scikit-learn's 1,797 handwritten digits (8x8, ships inside the
                       package, so it needs no network): the default.
 
 Sources that fit in memory keep raw arrays (the pipeline permutes indices exactly);
 larger ones stream decoded examples {"x": float32 [*shape], "label": int32 []}.
+
+Bad input fails at load time, before training, with one ConfigError naming the file/value:
+  - npz: a .npy file (np.save) or any non-zip file; object arrays (never unpickled).
+  - float examples: NaN or inf (count, first bad example); images [N, H, W(, C)] outside
+    [-1, 1] +- RANGE_TOLERANCE, e.g. 0..255 (vectors [N, D] are unbounded; images with
+    min >= 0 only log a warning: probably [0, 1]). Labels must be whole numbers.
+  - folder: root images next to sub-folders holding images; sizes that differ; files PIL
+    cannot open or verify() (catches cut PNGs). In-memory folders then decode every file,
+    naming the first that fails (e.g. a cut JPEG/GIF/BMP). Streamed ones (over
+    IN_MEMORY_BYTES) are only verified, as a full decode pass would cost as much as an
+    epoch: a JPEG/GIF/BMP corrupt past its header fails in training, with TF's error.
+  - folder, mixed grey/RGB/RGBA files (GIF counts as RGB): converted, with a warning naming
+    a file of each kind, to the widest kind present: grey is replicated to RGB, missing
+    alpha is opaque (255); nothing is dropped.
 """
 
 import dataclasses
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tf_gan_scale import errors
 
 DEFAULT_SOURCE = "embedded:digits"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 TOY_NUM_EXAMPLES = 100_000  # PacGAN's training-set size for the 2D mixtures.
+RANGE_TOLERANCE = 0.01  # Float images may exceed [-1, 1] by rounding; 0..255 is far out.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,25 +80,63 @@ def to_float(x):
 
 
 def from_arrays(name, x, labels):
-    """Source from in-memory arrays: x [N, ...] (uint8 or float), labels [N] or None."""
+    """Source from in-memory arrays: x [N, ...] (uint8 or float), labels [N] or None.
+
+    Float x must be finite, and in [-1, 1] if images [N, H, W(, C)] (else ConfigError).
+    """
     x = np.asarray(x)
     if x.ndim == 3:  # [N, H, W] grayscale -> [N, H, W, 1]
         x = x[..., None]
-    if np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float32)
-    elif x.dtype != np.uint8:
+    if not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.uint8):
         raise errors.ConfigError(
             f"{name}: examples must be uint8 or float; Received: dtype={x.dtype}")
     if x.ndim < 2 or len(x) == 0:
         raise errors.ConfigError(f"{name}: need a non-empty array [N, ...]; Received: "
                                  f"shape={x.shape}")
-    if labels is None:
-        labels = np.zeros(len(x), np.int32)
-    labels = np.asarray(labels).astype(np.int32).reshape(-1)
+    if x.dtype != np.uint8:
+        with np.errstate(over="ignore"):  # Overflow to inf is reported as non-finite.
+            x = _checked_floats(name, x.astype(np.float32, copy=False))
+    labels = np.zeros(len(x), np.int32) if labels is None else _checked_labels(name, labels)
     if len(labels) != len(x):
         raise errors.ConfigError(f"{name}: {len(labels)} labels for {len(x)} examples")
     return Source(name, len(x), tuple(x.shape[1:]), int(labels.max()) + 1,
                   arrays={"x": x, "label": labels})
+
+
+def _checked_floats(name, x):
+    """x float32 [N, ...] -> x; raises on NaN/inf, and on images outside [-1, 1]."""
+    finite = np.isfinite(x)  # After the float32 cast, so float64 overflow counts too.
+    if not finite.all():
+        first = int(np.argmin(finite.reshape(len(x), -1).all(axis=1)))
+        bad = x[first][~finite[first]].flat[0]
+        raise errors.ConfigError(
+            f"{name}: {finite.size - np.count_nonzero(finite)} non-finite values (NaN or inf) "
+            f"in the examples; the first is in example {first} ({bad}); fix or drop them")
+    if x.ndim == 4:  # Images: the generator's tanh output lives in [-1, 1]. Vectors: any.
+        lo, hi = float(x.min()), float(x.max())
+        if lo < -1 - RANGE_TOLERANCE or hi > 1 + RANGE_TOLERANCE:
+            raise errors.ConfigError(
+                f"{name}: float images must be in [-1, 1]; Received: min={lo:g}, max={hi:g}; "
+                f"pass uint8 pixels (0..255) or scale to [-1, 1]")
+        if lo >= 0:
+            logging.warning("%s: float images span [%g, %g], not [-1, 1]; if they are in "
+                            "[0, 1], pass x * 2 - 1", name, lo, hi)
+    return x
+
+
+def _checked_labels(name, labels):
+    """labels [N] (any shape with N elements), integer or whole floats -> int32 [N]."""
+    labels = np.asarray(labels).reshape(-1)
+    if labels.dtype.kind not in "biuf":  # bool, int, uint, float.
+        raise errors.ConfigError(f"{name}: labels must be integers; Received: "
+                                 f"dtype={labels.dtype}")
+    if labels.dtype.kind == "f":  # int32 casts would make NaN -2**31, 2.5 2.
+        wrong = ~np.isfinite(labels) | (labels != np.round(labels))
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise errors.ConfigError(f"{name}: labels must be integers; Received: "
+                                     f"label[{i}]={labels[i]}")
+    return labels.astype(np.int32)
 
 
 def _tfds(arg, tfds_data_dir=None):
@@ -136,17 +193,94 @@ def _npz(path, tfds_data_dir=None):
     del tfds_data_dir
     if not os.path.isfile(path):
         raise errors.ConfigError(f"npz file not found: {path!r}")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if not magic.startswith(b"PK"):  # np.load would return a .npy's array, or unpickle.
+        what = "a .npy array file" if magic == b"\x93NUMPY" else "another kind of file"
+        raise errors.ConfigError(f"npz file {path!r} is {what}, not an .npz archive; make "
+                                 f"one with np.savez(path, x=array)")
     try:
-        arrays = np.load(path)
+        arrays = np.load(path)  # allow_pickle=False: loading data never runs code.
     except Exception as e:
         raise errors.ConfigError(f"cannot read npz file {path!r}: {e}") from None
-    keys = list(arrays.keys())
-    xk = next((k for k in ("x", "images") if k in keys), None)
-    if xk is None:
-        raise errors.ConfigError(f"npz file {path!r} has no array 'x' or 'images'; "
-                                 f"arrays: {', '.join(keys) or 'none'}")
-    yk = next((k for k in ("y", "labels") if k in keys), None)
-    return from_arrays(f"npz:{path}", arrays[xk], arrays[yk] if yk else None)
+    with arrays:
+        keys = list(arrays.keys())
+        xk = next((k for k in ("x", "images") if k in keys), None)
+        if xk is None:
+            raise errors.ConfigError(f"npz file {path!r} has no array 'x' or 'images'; "
+                                     f"arrays: {', '.join(keys) or 'none'}")
+        yk = next((k for k in ("y", "labels") if k in keys), None)
+        x = _npz_array(path, arrays, xk)
+        y = _npz_array(path, arrays, yk) if yk else None
+    return from_arrays(f"npz:{path}", x, y)
+
+
+def _npz_array(path, arrays, key):
+    """arrays[key] as an ndarray; object arrays (need pickle) and bad members: ConfigError."""
+    try:
+        return arrays[key]
+    except Exception as e:  # Object arrays: "cannot be loaded when allow_pickle=False".
+        dtype = None
+        try:  # The member's .npy header (np.savez writes version 1.0) names the dtype.
+            with arrays.zip.open(key + ".npy") as f:
+                if np.lib.format.read_magic(f) == (1, 0):
+                    dtype = np.lib.format.read_array_header_1_0(f)[2]
+        except Exception:
+            pass
+        if dtype is not None and not dtype.hasobject:  # A damaged member, not objects.
+            message = f"cannot read array {key!r}: {e}"
+        else:
+            message = (f"array {key!r} has dtype={dtype or 'object'} (Python objects, e.g. "
+                       f"ragged arrays of different shapes), which is never unpickled; save one "
+                       f"numeric array, e.g. np.savez(path, {key}=np.stack(list_of_arrays))")
+        raise errors.ConfigError(f"npz file {path!r}: {message}") from None
+
+
+# PIL mode -> channels kept by decoding: grey modes 1 (an "LA" alpha is dropped), RGBA 4,
+# anything else (RGB, palette "P", CMYK, YCbCr) 3.
+_MODE_CHANNELS = {"1": 1, "L": 1, "LA": 1, "I": 1, "I;16": 1, "I;16B": 1, "I;16L": 1,
+                  "F": 1, "RGBA": 4}
+_KINDS = {1: "grey", 3: "RGB", 4: "RGBA"}
+
+
+def _images_in(directory):
+    return [os.path.join(directory, f) for f in sorted(os.listdir(directory))
+            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")
+            and os.path.isfile(os.path.join(directory, f))]
+
+
+def _folder_files(path):
+    """(files [N], labels [N], num_classes) of an image folder; see the module docstring."""
+    subdirs = sorted(d for d in os.listdir(path)
+                     if not d.startswith(".") and os.path.isdir(os.path.join(path, d)))
+    root = _images_in(path)
+    classes = [_images_in(os.path.join(path, d)) for d in subdirs]
+    if root and any(classes):  # Root files would silently share label 0 with a class.
+        shown = ", ".join(subdirs[:3]) + (", ..." if len(subdirs) > 3 else "")
+        raise errors.ConfigError(
+            f"image folder {path!r} has images at its root (e.g. {os.path.basename(root[0])!r}) "
+            f"next to class sub-folders ({shown}); move the root images into a sub-folder, "
+            f"or remove the sub-folders")
+    if root:  # Sub-folders holding no images are not classes.
+        return root, [0] * len(root), 1
+    files = [f for fs in classes for f in fs]
+    labels = [label for label, fs in enumerate(classes) for _ in fs]
+    return files, labels, max(len(subdirs), 1)
+
+
+def _to_channels(img, channels):
+    """uint8 [H, W, c] as decoded (c: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA) -> [H, W, channels].
+
+    Grey is replicated to RGB; alpha is kept for 4 channels, opaque (255) when missing.
+    channels == 1 only when every file is grey (a grey file decoded as RGB has R = G = B).
+    """
+    if channels == 1:
+        return img[..., :1]
+    c = tf.shape(img)[-1]
+    rgb = tf.gather(img, tf.where(c < 3, [0, 0, 0], [0, 1, 2]), axis=-1)
+    if channels == 3:
+        return rgb
+    return tf.concat([rgb, tf.where(c % 2 == 0, img[..., -1:], tf.constant(255, tf.uint8))], -1)
 
 
 def _folder(path, tfds_data_dir=None):
@@ -154,43 +288,50 @@ def _folder(path, tfds_data_dir=None):
     from PIL import Image
     if not os.path.isdir(path):
         raise errors.ConfigError(f"image folder not found: {path!r}")
-    files, labels = [], []
-    subdirs = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-    for label, sub in [(0, "")] + [(i, d) for i, d in enumerate(subdirs)]:
-        directory = os.path.join(path, sub)
-        for f in sorted(os.listdir(directory)):
-            if f.lower().endswith(IMAGE_EXTENSIONS):
-                files.append(os.path.join(directory, f))
-                labels.append(label)
+    files, labels, num_classes = _folder_files(path)
     if not files:
         raise errors.ConfigError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {path!r}")
-    # Check every header up front (cheap, no decoding) so a stray file fails now, by name.
-    shape = None
+    # Check every header up front so a stray file fails now, by name. verify() also reads
+    # a PNG's chunks and checksums (a cut PNG fails), but not JPEG/GIF/BMP pixel data.
+    size, kinds = None, {}  # kinds: channels -> [number of files, first file].
     for f in files:
         try:
             with Image.open(f) as im:
-                # Grayscale modes decode to 1 channel, RGBA to 4, anything else to RGB.
-                s = (im.height, im.width, {"1": 1, "L": 1, "LA": 1, "RGBA": 4}.get(im.mode, 3))
+                s, c = (im.height, im.width), _MODE_CHANNELS.get(im.mode, 3)
+                im.verify()
         except Exception as e:
             raise errors.ConfigError(f"cannot read image {f!r}: {e}") from None
-        if shape is None:
-            shape = s
-        elif s[:2] != shape[:2]:
+        kinds.setdefault(c, [0, f])[0] += 1
+        if size is None:
+            size = s
+        elif s != size:
             raise errors.ConfigError(f"image {f!r} is {s[0]}x{s[1]}, the first image "
-                                     f"{files[0]!r} is {shape[0]}x{shape[1]}; all must match")
-    channels = shape[2]
+                                     f"{files[0]!r} is {size[0]}x{size[1]}; all must match")
+    shape = size + (max(kinds),)  # The widest kind: the conversion loses nothing.
+    if len(kinds) > 1:
+        logging.warning("folder:%s mixes %s images; all are converted to %s", path, ", ".join(
+            f"{_KINDS[c]} ({n}, e.g. {f!r})" for c, (n, f) in sorted(kinds.items())),
+            _KINDS[shape[2]])
 
     def decode(f, label):
-        img = tf.io.decode_image(tf.io.read_file(f), channels=channels, expand_animations=False)
+        img = tf.io.decode_image(tf.io.read_file(f), expand_animations=False)
+        img = _to_channels(img, shape[2])
         img.set_shape(shape)
         return {"x": img, "label": label}
 
     ds = tf.data.Dataset.from_tensor_slices((files, np.array(labels, np.int32)))
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    name, num_classes = f"folder:{path}", max(len(subdirs), 1)
+    name = f"folder:{path}"
     if len(files) * int(np.prod(shape)) <= IN_MEMORY_BYTES:
-        x = np.stack([ex["x"] for ex in ds.as_numpy_iterator()])
-        source = from_arrays(name, x, np.array(labels, np.int32))
+        xs = []
+        try:
+            for ex in ds.as_numpy_iterator():
+                xs.append(ex["x"])
+        except tf.errors.OpError as e:  # In order (deterministic): the next file failed.
+            message = re.sub(r"\{\{.*?\}\}\s*|.*Iterator::\S+: |\s*\[Op:.*", "",
+                             e.message.strip().splitlines()[0])
+            raise errors.ConfigError(f"cannot decode image {files[len(xs)]!r}: {message}") from None
+        source = from_arrays(name, np.stack(xs), np.array(labels, np.int32))
         return dataclasses.replace(source, num_classes=num_classes)
     stream = ds.map(lambda ex: {"x": to_float(ex["x"]), "label": ex["label"]})
     return Source(name, len(files), shape, num_classes, stream=stream)
