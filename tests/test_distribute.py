@@ -3,6 +3,7 @@ import json
 import pytest
 import tensorflow as tf
 
+from conftest import run_cmd
 from tf_gan_scale import distribute, errors
 
 
@@ -46,3 +47,86 @@ def test_bad_tf_config_is_named(monkeypatch, raw):
 
 def test_single_host_is_chief(one_device):
     assert distribute.is_chief(one_device)
+
+
+# --- cluster detection: --strategy=auto and the single-process strategies -------------
+
+def tf_config(num_workers, index=0, chief=False):
+    cluster = {"worker": [f"localhost:{2000 + i}" for i in range(num_workers)]}
+    if chief:
+        cluster["chief"] = ["localhost:1999"]
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
+# What srun sets in each task of `srun --nodes=2 --ntasks-per-node=2` (rank 1 here).
+SLURM_STEP_2x2 = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "gpu[07-08]",
+                  "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_TASKS_PER_NODE": "2(x2)"}
+# The batch script itself (no srun) of the same job: one process, job-level variables.
+SLURM_BATCH_SCRIPT = {"SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]",
+                      "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4"}
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, ("auto", "tf_config")),
+    ({"TF_CONFIG": tf_config(1)}, ("auto", "tf_config")),
+    ({"TF_CONFIG": tf_config(2, index=1)}, ("multi_worker_mirrored", "tf_config")),
+    ({"TF_CONFIG": tf_config(1, chief=True)}, ("multi_worker_mirrored", "tf_config")),
+    (SLURM_STEP_2x2, ("multi_worker_mirrored", "slurm")),
+    (dict(SLURM_STEP_2x2, SLURM_STEP_TASKS_PER_NODE="1"), ("auto", "tf_config")),
+    (SLURM_BATCH_SCRIPT, ("auto", "tf_config")),
+])
+def test_auto_trains_on_the_cluster_the_environment_describes(env, expected):
+    assert distribute.choose_strategy("auto", "tf_config", env=env) == expected
+
+
+@pytest.mark.parametrize("name", ["one_device", "mirrored"])
+@pytest.mark.parametrize("env, cluster", [
+    ({"TF_CONFIG": tf_config(2)}, "TF_CONFIG describes a cluster of 2 tasks"),
+    ({"TF_CONFIG": tf_config(3, chief=True)}, "TF_CONFIG describes a cluster of 4 tasks"),
+    (SLURM_STEP_2x2, "this Slurm job step has 4 tasks (SLURM_STEP_TASKS_PER_NODE='2(x2)')"),
+])
+def test_single_process_strategy_in_a_cluster_is_refused(name, env, cluster):
+    with pytest.raises(errors.ConfigError) as e:
+        distribute.choose_strategy(name, env=env)
+    assert str(e.value) == (
+        f"--strategy={name} trains in one process, but {cluster}: each task would train "
+        f"alone and write the same workdir; use --strategy=multi_worker_mirrored (or auto)")
+
+
+@pytest.mark.parametrize("name", ["auto", "one_device", "mirrored", "multi_worker_mirrored"])
+def test_one_worker_tf_config_is_fine_for_every_strategy(name):
+    env = {"TF_CONFIG": tf_config(1)}
+    assert distribute.choose_strategy(name, env=env) == (name, "tf_config")
+
+
+def test_one_device_strategy_is_created_under_a_one_worker_tf_config(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", tf_config(1))
+    assert isinstance(distribute.make_strategy("one_device"), tf.distribute.OneDeviceStrategy)
+
+
+def test_multi_worker_in_a_slurm_step_needs_the_slurm_resolver():
+    with pytest.raises(errors.ConfigError, match="--cluster_resolver=tf_config finds no "
+                                                 "cluster in TF_CONFIG, but this Slurm job "
+                                                 "step has 4 tasks"):
+        distribute.choose_strategy("multi_worker_mirrored", "tf_config", env=SLURM_STEP_2x2)
+    assert distribute.choose_strategy("multi_worker_mirrored", "slurm", env=SLURM_STEP_2x2) == (
+        "multi_worker_mirrored", "slurm")
+
+
+def test_bad_slurm_step_variable_is_named():
+    with pytest.raises(errors.ConfigError, match=r"bad SLURM_STEP_TASKS_PER_NODE='x'"):
+        distribute.choose_strategy("auto", env=dict(SLURM_STEP_2x2, SLURM_STEP_TASKS_PER_NODE="x"))
+
+
+def test_binary_refuses_mirrored_on_a_two_worker_tf_config(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_cmd(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
+                    f"--workdir={workdir}", "--strategy=mirrored"],
+                   env={"TF_CONFIG": tf_config(2)})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines == ["error: --strategy=mirrored trains in one process, but TF_CONFIG "
+                     "describes a cluster of 2 tasks: each task would train alone and write "
+                     "the same workdir; use --strategy=multi_worker_mirrored (or auto)"]
+    assert "Traceback" not in proc.stderr and not workdir.exists()
+

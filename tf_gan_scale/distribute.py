@@ -4,10 +4,13 @@
     strategy = make_strategy("mirrored")
 
 Names (`--strategy`):
-  auto                   mirrored when more than one device (GPUs or logical CPUs), else
-                         one_device.
-  one_device             the first GPU, else CPU:0.
+  auto                   multi_worker_mirrored when the environment describes a cluster of
+                         more than one task (TF_CONFIG, or a Slurm step: then with the slurm
+                         resolver; see cluster_from_env), else mirrored when more than one
+                         local device (GPUs or logical CPUs), else one_device.
+  one_device             the first GPU, else CPU:0. Refused inside a multi-task cluster.
   mirrored               all (or --num_gpus) local GPUs, else all logical CPU devices.
+                         Refused inside a multi-task cluster.
   multi_worker_mirrored  one replica per device on every worker of the cluster
                          (--cluster_resolver: TF_CONFIG or Slurm); collective all-reduce,
                          --collective=auto (NCCL with GPUs, else RING) | ring | nccl.
@@ -73,9 +76,9 @@ def _local_devices(num_gpus=None):
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def _check_tf_config():
+def _check_tf_config(env=None):
     """Validates TF_CONFIG for multi-worker runs; returns the parsed dict (or None)."""
-    raw = os.environ.get("TF_CONFIG")
+    raw = (os.environ if env is None else env).get("TF_CONFIG")
     if not raw:
         return None
     try:
@@ -92,6 +95,77 @@ def _check_tf_config():
     return cfg
 
 
+def _tf_config_tasks(env):
+    """Number of tasks in TF_CONFIG's cluster (0 when TF_CONFIG is unset)."""
+    cfg = _check_tf_config(env)
+    return sum(len(members) for members in cfg["cluster"].values()) if cfg else 0
+
+
+def _slurm_step_tasks(env):
+    """Number of tasks of the Slurm job step this process is one of (0 outside a step).
+
+    Only the STEP variables count: the batch script itself (sbatch, no srun) also has
+    SLURM_PROCID=0 and the job's SLURM_TASKS_PER_NODE, but it is a single process.
+    """
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE")
+    if not env.get("SLURM_PROCID") or not per_node:
+        return 0
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as scr
+    try:
+        return sum(scr.expand_tasks_per_node(per_node))
+    except ValueError:
+        raise errors.ConfigError(f"bad SLURM_STEP_TASKS_PER_NODE={per_node!r}; expected "
+                                 f"e.g. '2(x2)' or '1,2'") from None
+
+
+def cluster_from_env(env=None):
+    """The multi-worker cluster the environment describes, without touching TensorFlow.
+
+    Returns:
+        (num_tasks, resolver name): (N, "tf_config") when TF_CONFIG's cluster has N > 1
+        tasks, else (N, "slurm") when this is one of N > 1 tasks of a Slurm job step
+        (SLURM_PROCID and SLURM_STEP_TASKS_PER_NODE), else (1, None).
+    """
+    env = os.environ if env is None else env
+    num = _tf_config_tasks(env)
+    if num > 1:
+        return num, "tf_config"
+    num = _slurm_step_tasks(env)
+    if num > 1:
+        return num, "slurm"
+    return 1, None
+
+
+def choose_strategy(name, cluster_resolver="tf_config", env=None):
+    """The (strategy, cluster resolver) names to create for `--strategy=name`.
+
+    Reads only environment variables (MultiWorkerMirroredStrategy must be created before
+    any other TensorFlow op). In a cluster of more than one task, `auto` becomes
+    multi_worker_mirrored with the resolver of what describes the cluster, and the
+    single-process strategies raise ConfigError: every task would train alone on its own
+    data and write the same workdir. Otherwise the names are returned unchanged.
+    """
+    num_tasks, source = cluster_from_env(env)
+    if source is None:
+        return name, cluster_resolver
+    env = os.environ if env is None else env
+    cluster = (f"TF_CONFIG describes a cluster of {num_tasks} tasks" if source == "tf_config"
+               else f"this Slurm job step has {num_tasks} tasks (SLURM_STEP_TASKS_PER_NODE="
+                    f"{env['SLURM_STEP_TASKS_PER_NODE']!r})")
+    if name == "auto":
+        return "multi_worker_mirrored", source
+    if name in ("one_device", "mirrored"):
+        raise errors.ConfigError(
+            f"--strategy={name} trains in one process, but {cluster}: each task would train "
+            f"alone and write the same workdir; use --strategy=multi_worker_mirrored (or auto)")
+    if name == "multi_worker_mirrored" and source == "slurm" and cluster_resolver == "tf_config":
+        # MWMS would find no cluster in TF_CONFIG and run every Slurm task as its own.
+        raise errors.ConfigError(
+            f"--cluster_resolver=tf_config finds no cluster in TF_CONFIG, but {cluster}; "
+            f"use --cluster_resolver=slurm (or --strategy=auto)")
+    return name, cluster_resolver
+
+
 def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
                   cluster_resolver="tf_config", peer_timeout_s=None, num_cpu_devices=None):
     """Creates the strategy `name` (see module docstring); bad input raises ConfigError.
@@ -104,6 +178,8 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
     errors.choose("strategy", name, {s: s for s in STRATEGIES})
     errors.choose("collective", collective, {c: c for c in COLLECTIVES})
     errors.choose("cluster resolver", cluster_resolver, {r: r for r in CLUSTER_RESOLVERS})
+    if name != "tpu":
+        name, cluster_resolver = choose_strategy(name, cluster_resolver)
     if name == "auto":
         name = "mirrored" if len(_local_devices(num_gpus)) > 1 else "one_device"
     if name == "one_device":
