@@ -1,4 +1,5 @@
 import json
+import types
 
 import pytest
 import tensorflow as tf
@@ -130,3 +131,112 @@ def test_binary_refuses_mirrored_on_a_two_worker_tf_config(tmp_path):
                      "the same workdir; use --strategy=multi_worker_mirrored (or auto)"]
     assert "Traceback" not in proc.stderr and not workdir.exists()
 
+
+# --- which errors are reported as a lost peer ---------------------------------------
+
+def worker(index, num_workers=2):
+    """A stand-in for a MultiWorkerMirroredStrategy on worker `index` (its resolver)."""
+    spec = tf.train.ClusterSpec({"worker": [f"localhost:{2000 + i}" for i in range(num_workers)]})
+    return types.SimpleNamespace(cluster_resolver=tf.distribute.cluster_resolver
+                                 .SimpleClusterResolver(spec, task_type="worker", task_id=index))
+
+
+# Real messages of TensorFlow 2.21 from 2 local workers (tools/launch_local.py, digits
+# config, --peer_timeout_s=3); only the op traceback in the middle is shortened.
+HEAD = ('Graph execution error:\n\nDetected at node {node} defined at (most recent call last):\n'
+        '  File "/work/main/tf_gan_scale/train_lib.py", line 188, in _train\n\n'
+        '  File "/work/main/tf_gan_scale/gan.py", line 220, in train_function\n\n')
+# Worker 1 was killed (SIGKILL); worker 0's error.
+PEER_KILLED = HEAD.format(node="Cast_23/CollectiveReduceV2") + (
+    'Collective ops is aborted by: recvmsg:Connection reset by peer\n'
+    'Additional GRPC error information from remote target /job:worker/replica:0/task:1 while '
+    'calling /tensorflow.WorkerService/RecvBuf:\n'
+    ':UNKNOWN:Error received from peer  {grpc_message:"recvmsg:Connection reset by peer", '
+    'grpc_status:14}\nThe error could be from a previous operation. Restart your program to '
+    'reset.\n\t [[{{node Cast_23/CollectiveReduceV2}}]] [Op:__inference_train_function_3461]')
+# Worker 0 (the coordination service's host) was killed; worker 1's error, eager op.
+CHIEF_KILLED = (
+    '{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker/'
+    'replica:0/task:1/device:CPU:0}} Collective ops is aborted by: recvmsg:Connection reset '
+    'by peer\nAdditional GRPC error information from remote target /job:worker/replica:0/'
+    'task:0 while calling /tensorflow.WorkerService/CompleteInstance:\n:UNKNOWN:Error received '
+    'from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}\nThe error '
+    'could be from a previous operation. Restart your program to reset. '
+    '[Op:CollectiveReduceV2] name: ')
+# Worker 1 hung (SIGSTOP): no connection closed, its heartbeats stopped; worker 0's error.
+PEER_HUNG = HEAD.format(node="CollectiveReduceV2_2") + (
+    'Collective ops is aborted by: Error reported from /job:worker/task:1: The following '
+    'tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe '
+    'tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. '
+    'preemption, eviction) to debug further.\nThe error could be from a previous operation. '
+    'Restart your program to reset.\n\t [[{{node CollectiveReduceV2_2}}]] '
+    '[Op:__inference_compiled_4192]')
+# Errors of the same types that are no peer's: GCS (TensorFlow's curl file system),
+# a tf.data service, GCE credentials when saving to gs://.
+GCS_READ = HEAD.format(node="MultiDeviceIteratorGetNextFromShard") + (
+    "All 10 retry attempts failed. The last failure: Error executing an HTTP request: libcurl "
+    "code 7 meaning 'Couldn't connect to server', error details: Failed to connect to "
+    "storage.googleapis.com port 443 after 2 ms: Couldn't connect to server\n"
+    "\t when reading gs://bucket/mnist/train-00000-of-00004.tfrecord\n"
+    "\t [[{{node MultiDeviceIteratorGetNextFromShard}}]] [Op:__inference_train_function_3461]")
+GCS_RESET = HEAD.format(node="IteratorGetNext") + (
+    "Error executing an HTTP request: libcurl code 56 meaning 'Failure when receiving data "
+    "from the peer', error details: Recv failure: Connection reset by peer\n"
+    "\t when reading gs://bucket/mnist/train-00001-of-00004.tfrecord\n"
+    "\t [[{{node IteratorGetNext}}]] [Op:__inference_train_function_3461]")
+DATA_DEADLINE = HEAD.format(node="IteratorGetNext") + (
+    "Failed to get element from tf.data service worker 10.0.0.5:5051: Deadline Exceeded\n"
+    "\t [[{{node IteratorGetNext}}]] [Op:__inference_train_function_1207]")
+GCE_TOKEN = ("All 10 retry attempts failed. The last failure: Unavailable: Error executing an "
+             "HTTP request: libcurl code 6 meaning 'Couldn't resolve host name', error details: "
+             "Couldn't resolve host 'metadata'\n\t when initiating an upload to "
+             "gs://bucket/run/checkpoints/ckpt-10.index")
+LOCAL = ("{{function_node __wrapped__IteratorGetNext_output_types_1_device_/job:localhost/"
+         "replica:0/task:0/device:CPU:0}} Socket closed\n\t [[{{node IteratorGetNext}}]]")
+
+
+@pytest.mark.parametrize("message, me, expected", [
+    (PEER_KILLED, 0, "multi-worker run aborted, lost /job:worker/replica:0/task:1: Collective "
+                     "ops is aborted by: recvmsg:Connection reset by peer"),
+    (CHIEF_KILLED, 1, "multi-worker run aborted, lost /job:worker/replica:0/task:0: Collective "
+                      "ops is aborted by: recvmsg:Connection reset by peer"),
+    (PEER_HUNG, 0, "multi-worker run aborted, lost /job:worker/replica:0/task:1: Collective "
+                   "ops is aborted by: Error reported from /job:worker/task:1: The following "
+                   "tasks are unhealthy (stopped sending heartbeats):"),
+    # The coordination service's verdict even when it names no other worker.
+    ("The following tasks are unhealthy (stopped sending heartbeats):\n"
+     "/job:worker/replica:0/task:0\nThe tasks have crashed.", 0,
+     "multi-worker run aborted, lost a peer: The following tasks are unhealthy (stopped "
+     "sending heartbeats):"),
+])
+def test_lost_peer_is_reported_as_one(message, me, expected):
+    error = tf.errors.UnavailableError(None, None, message)
+    assert distribute.abort_message(error, worker(me)) == expected
+
+
+@pytest.mark.parametrize("error_type, message, expected", [
+    (tf.errors.UnavailableError, GCS_READ,
+     "UnavailableError: All 10 retry attempts failed. The last failure: Error executing an "
+     "HTTP request: libcurl code 7 meaning 'Couldn't connect to server', error details: "
+     "Failed to connect to storage.googleapis.com port 443 after 2 ms: Couldn't connect to "
+     "server"),
+    (tf.errors.UnavailableError, GCS_RESET,
+     "UnavailableError: Error executing an HTTP request: libcurl code 56 meaning 'Failure "
+     "when receiving data from the peer', error details: Recv failure: Connection reset by "
+     "peer"),
+    (tf.errors.DeadlineExceededError, DATA_DEADLINE,
+     "DeadlineExceededError: Failed to get element from tf.data service worker "
+     "10.0.0.5:5051: Deadline Exceeded"),
+    (tf.errors.AbortedError, GCE_TOKEN,
+     "AbortedError: All 10 retry attempts failed. The last failure: Unavailable: Error "
+     "executing an HTTP request: libcurl code 6 meaning 'Couldn't resolve host name', "
+     "error details: Couldn't resolve host 'metadata'"),
+    (tf.errors.UnavailableError, LOCAL, "UnavailableError: Socket closed"),
+])
+def test_other_errors_keep_their_own_first_line(one_device, error_type, message, expected):
+    error = error_type(None, None, message)
+    assert distribute.abort_message(error, worker(0)) == expected
+    # Without a cluster there are no peers at all, whatever the message says.
+    assert distribute.abort_message(error, one_device) == expected
+    assert distribute.abort_message(tf.errors.UnavailableError(None, None, PEER_KILLED),
+                                    one_device).startswith("UnavailableError: Collective ops")

@@ -18,12 +18,15 @@ Names (`--strategy`):
 
 Multi-worker failure detection: every worker heartbeats to the coordination service
 (on worker 0); a worker silent for --peer_timeout_s (e.g. killed) aborts the collectives
-on all others with an error naming it, instead of a hang.
+on all others with an error naming it, instead of a hang; abort_message() turns it into
+one line naming the lost worker (errors of the same types from storage or the input
+pipeline keep their own first line).
 """
 
 import contextlib
 import json
 import os
+import re
 import socket
 
 import tensorflow as tf
@@ -290,6 +293,64 @@ def _tpu_strategy(tpu):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise errors.ConfigError(f"--strategy=tpu: no usable TPU at --tpu={tpu!r}: {first}") from None
     return tf.distribute.TPUStrategy(resolver)
+
+
+# Task names in TensorFlow errors: "/job:worker/replica:0/task:1" (gRPC, coordination
+# service) or "/job:worker/task:1" ("Error reported from ..."). "localhost" is the job of
+# every single-process run's devices, never a peer.
+_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+# The coordination service's words for a worker that stopped heartbeating (also when the
+# message names only this worker, e.g. the service's leader lost it).
+_HEARTBEAT_LOST = re.compile(r"tasks are unhealthy|heartbeat", re.IGNORECASE)
+# Lines of a graph error that are not its cause: the header and the op's traceback.
+_NOT_CAUSE = re.compile(r"^(Graph execution error:|Detected at node |File \"|\[\[)")
+
+
+def lost_peers(message, strategy):
+    """The other workers an error message says were lost, e.g.
+    ["/job:worker/replica:0/task:1"] ("a peer" when it names none), or [] when it is not
+    about a lost peer (always [] without a cluster: a single process has no peers).
+
+    A lost peer is named by gRPC ("... from remote target /job:worker/replica:0/task:1"
+    after "Connection reset by peer" or "Socket closed") or by the coordination service
+    ("The following tasks are unhealthy (stopped sending heartbeats): /job:..."). The
+    same error types also come from storage or input pipelines ("Unavailable: ...
+    failed to connect" reading gs://), which name no other task.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().jobs:
+        return []
+    me = (resolver.task_type, str(resolver.task_id))
+    peers = sorted({f"/job:{job}/replica:0/task:{task}" for job, task in _TASK.findall(message)
+                    if job != "localhost" and (job, task) != me})
+    if not peers and _HEARTBEAT_LOST.search(message):
+        return ["a peer"]
+    return peers
+
+
+def first_cause(message):
+    """The first line of an error message that says what happened (not its traceback)."""
+    for line in message.splitlines():
+        line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", line).strip()
+        if line and not _NOT_CAUSE.match(line):
+            return line[:400]
+    return ""
+
+
+def abort_message(error, strategy):
+    """One line for a tf.errors.OpError that ended training.
+
+    Returns:
+        "multi-worker run aborted, lost PEERS: CAUSE" when the error says other workers
+        were lost (see lost_peers), else "ErrorType: CAUSE" (the error's first line that
+        is not traceback).
+    """
+    message = str(getattr(error, "message", error))
+    cause = first_cause(message)
+    peers = lost_peers(message, strategy)
+    if peers:
+        return f"multi-worker run aborted, lost {' '.join(peers)}: {cause}"
+    return f"{type(error).__name__}: {cause or 'no message'}"
 
 
 def is_chief(strategy):

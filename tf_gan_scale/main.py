@@ -5,13 +5,16 @@
         [--num_cpu_devices=N] [--num_gpus=N] [--tpu=NAME] [--config.train.num_steps=...] \
         [--collective=auto|ring|nccl] [--cluster_resolver=tf_config|slurm] [--peer_timeout_s=S]
 
+One --config file per run (a second one is bad input); --strategy=auto trains on every task
+of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py).
 Re-running the same command on the same workdir resumes from the latest checkpoint.
 Bad input exits with status 2 and one line on stderr. SIGTERM saves a checkpoint (on every
-worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one line naming it.
+worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one line naming it,
+and other unavailable/aborted/deadline errors (storage, input) exit 1 with
+`error: ErrorType: first line`.
 """
 
 import os
-import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -61,28 +64,10 @@ def main(argv):
         train_lib.run(config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir)
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.DeadlineExceededError) as e:
-        # A lost peer aborts this worker's collectives; TensorFlow's message names it
-        # ("The following tasks are unhealthy ...: /job:worker/replica:0/task:1").
-        print(f"error: {_lost_peer_message(str(e.message), strategy)}", file=sys.stderr)
+        # A lost peer aborts this worker's collectives with one of these types, but so can
+        # storage or the input pipeline: only the former is reported as a lost peer.
+        print(f"error: {distribute.abort_message(e, strategy)}", file=sys.stderr)
         sys.exit(1)
-
-
-def _lost_peer_message(message, strategy):
-    """One line from a collective abort: which peers the error names, and its cause.
-
-    The graph error's message starts with a traceback of the op; the cause ("tasks are
-    unhealthy", "Connection reset by peer from remote target ...") follows it.
-    """
-    resolver = getattr(strategy, "cluster_resolver", None)
-    me = (f"/job:{resolver.task_type}/replica:0/task:{resolver.task_id}"
-          if resolver is not None and resolver.task_type else None)
-    peers = sorted(set(re.findall(r"/job:\w+/replica:\d+/task:\d+", message)) - {me})
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    cause = next((ln for ln in lines if re.search(
-        r"unhealthy|remote target|aborted by|Connection|Deadline", ln)), lines[-1] if lines else "")
-    cause = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", cause)
-    return (f"multi-worker run aborted, lost {' '.join(peers) or 'a peer'}: "
-            f"{cause[:400]}")
 
 
 if __name__ == "__main__":
