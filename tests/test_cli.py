@@ -107,6 +107,9 @@ BAD = [
     (["--config.train.steps_per_execution=3"],
      "num_steps=4 is not a multiple of config.train.steps_per_execution=3"),
     (["--config=experiments/nope.py"], "cannot load --config"),
+    (["--config=experiments/digits.py", "--config=experiments/gauss2d.py"],
+     "--config given 2 times ('experiments/digits.py', 'experiments/gauss2d.py'); pass one "
+     "config file"),
 ]
 
 
@@ -115,7 +118,10 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(tmp_path):
     train(workdir, steps=2)
     before = tree_digest(workdir)
     for args, message in BAD:
-        proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
+        # A --config in args replaces TINY's (naming two is an error of its own).
+        tiny = [a for a in TINY if not (a.startswith("--config=") and
+                                        any(b.startswith("--config=") for b in args))]
+        proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *tiny,
                         "--config.train.num_steps=4", *args])
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2, (args, proc.stderr[-2000:])

@@ -2,7 +2,9 @@
 the resolver (nothing here has a TPU)."""
 
 import json
+import os
 import re
+import subprocess
 
 import pytest
 import tensorflow as tf
@@ -47,15 +49,52 @@ def test_slurm_bad_environment_is_a_clear_error(env, message):
         clusters.slurm_cluster(env)
 
 
+SBATCH = f"{REPO}/experiments/slurm/train.sbatch"
+
+
 def test_sbatch_example_runs_the_slurm_resolver_with_its_layout():
-    text = open(f"{REPO}/experiments/slurm/train.sbatch").read()
+    text = open(SBATCH).read()
     nodes = int(re.search(r"#SBATCH --nodes=(\d+)", text).group(1))
     per_node = int(re.search(r"#SBATCH --ntasks-per-node=(\d+)", text).group(1))
     assert (nodes, per_node) == (2, 2)  # = SLURM_2x2 above.
     srun = " ".join(text.split("srun", 1)[1].replace("\\\n", " ").split())
     assert "--strategy=multi_worker_mirrored --cluster_resolver=slurm" in srun
-    config = re.search(r"--config=(\S+)", srun).group(1)
-    assert open(f"{REPO}/{config}")  # The config it names exists.
+    default = re.search(r"CONFIG=\$\{CONFIG:-(\S+)\}", text).group(1)
+    assert open(f"{REPO}/{default}")  # The config it names exists.
+
+
+def sbatch_srun_args(tmp_path, *args, **env):
+    """What the sbatch script passes to srun, run with a stand-in `srun` that prints it."""
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    fake.chmod(0o755)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("CONFIG", "WORKDIR")}
+    full_env.update(env, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    proc = subprocess.run(["bash", SBATCH, *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize("args, env, config, extra", [
+    ((), {}, "experiments/dcgan_mnist.py", []),
+    ((), {"CONFIG": "experiments/digits.py"}, "experiments/digits.py", []),
+    (("experiments/gauss2d.py", "--config.train.num_steps=5"), {"CONFIG": "experiments/digits.py"},
+     "experiments/gauss2d.py", ["--config.train.num_steps=5"]),
+    (("--config.train.num_steps=5",), {"CONFIG": "experiments/digits.py"},
+     "experiments/digits.py", ["--config.train.num_steps=5"]),
+])
+def test_sbatch_config_is_chosen_by_argument_or_environment(tmp_path, args, env, config, extra):
+    argv = sbatch_srun_args(tmp_path, *args, **env)
+    name = os.path.basename(config)[:-len(".py")]
+    assert argv[argv.index("python"):] == [
+        "python", "-m", "tf_gan_scale.main", "--strategy=multi_worker_mirrored",
+        "--cluster_resolver=slurm", "--peer_timeout_s=60", f"--config={config}",
+        f"--workdir={REPO}/runs/{name}_slurm", *extra]
+    assert os.path.isfile(f"{REPO}/{config}")
+    argv = sbatch_srun_args(tmp_path, *args, WORKDIR="/shared/run", **env)
+    assert "--workdir=/shared/run" in argv
 
 
 def test_kubernetes_manifest_gives_each_pod_its_tf_config():

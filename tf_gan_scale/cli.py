@@ -19,15 +19,22 @@ _BAD_CONFIG = (flags.Error, KeyError, AttributeError, TypeError, ValueError, OSE
                SyntaxError, ImportError)
 
 
-def _config_path(argv):
-    """The --config file named on the command line (the last one wins, as in absl)."""
-    path = None
+def _config_paths(argv):
+    """Every --config file named on the command line, in order (also in a command after
+    `--` that a tool such as launch_local runs: it fails here, before any worker starts)."""
+    paths = []
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
+            paths.append(arg.split("=", 1)[1])
         elif arg == "--config" and i + 1 < len(argv):
-            path = argv[i + 1]
-    return path
+            paths.append(argv[i + 1])
+    return paths
+
+
+def _config_path(argv):
+    """The --config file named on the command line (None if none)."""
+    paths = _config_paths(argv)
+    return paths[-1] if paths else None
 
 
 def _unknown_override(argv):
@@ -54,6 +61,11 @@ def _unknown_override(argv):
 def _parse_flags(argv):
     # absl would print the usage text and exit 1; a bad flag, config file or config
     # override (a typo under lock_config) is bad input: one line, exit 2.
+    paths = _config_paths(argv)
+    if len(paths) > 1:
+        # absl would say "The flag 'config.train.num_steps' is defined twice".
+        fail(f"--config given {len(paths)} times ({', '.join(map(repr, paths))}); pass one "
+             f"config file and change its keys with --config.KEY=VALUE")
     path = _config_path(argv)
     if path is not None and not os.path.isfile(path):
         fail(f"cannot load --config={path!r}: no such file")
