@@ -110,6 +110,8 @@ BAD = [
     (["--config=experiments/digits.py", "--config=experiments/gauss2d.py"],
      "--config given 2 times ('experiments/digits.py', 'experiments/gauss2d.py'); pass one "
      "config file"),
+    (["--config.train.log_every=0"],
+     "config.train.log_every must be an integer >= 1; Received: 0"),
 ]
 
 

@@ -5,6 +5,9 @@ Experiment files (`experiments/*.py`) start from `base()` and override; with
 
 Stable keys (a contract): config.seed, config.data.source, config.train.num_steps,
 config.train.global_batch_size, and for dcgan config.model.d_dropout.
+
+Numeric keys are range-checked by `train_lib.validate` before a run touches its workdir
+(e.g. log_every >= 1, checkpoint_every >= 0, 0 <= d_dropout < 1, learning_rate > 0).
 """
 
 import ml_collections
@@ -42,8 +45,10 @@ def base():
     c.train.d_optimizer = ml_collections.ConfigDict(
         {"name": "adam", "learning_rate": 1e-4})
     c.train.steps_per_execution = 1
+    # Steps between checkpoints / sample grids; 0 turns the periodic ones off (one is
+    # still written when training ends, and a checkpoint on preemption).
     c.train.checkpoint_every = 500
     c.train.keep_checkpoints = 3
     c.train.sample_every = 500
-    c.train.log_every = 100           # TensorBoard scalars and one progress line.
+    c.train.log_every = 100           # TensorBoard scalars; one progress bar per block.
     return c

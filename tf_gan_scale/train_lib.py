@@ -16,6 +16,7 @@ Workdir layout:
 
 import json
 import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -67,15 +68,71 @@ def build_gan(config, data_shape):
     return model
 
 
+# Numeric keys and their valid ranges; checked before any data is read or file written.
+_AT_LEAST_1 = ("train.num_steps", "train.global_batch_size", "train.d_steps",
+               "train.steps_per_execution", "train.log_every", "train.keep_checkpoints",
+               "model.latent_dim")
+# 0 turns the periodic checkpoints / sample grids off; both are still written at the end.
+_AT_LEAST_0 = ("train.checkpoint_every", "train.sample_every")
+_WIDTHS = ("model.g_channels", "model.d_channels", "model.hidden")
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _lookup(config, key):
+    """(present, value) of a dotted key such as "train.log_every"."""
+    node = config
+    for part in key.split("."):
+        if not hasattr(node, "keys") or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _check_numbers(config):
+    """Raises ConfigError for the first numeric key outside its valid range."""
+
+    def bad(key, value, valid):
+        return errors.ConfigError(f"config.{key} must be {valid}; Received: {value!r}")
+
+    for keys, low in ((_AT_LEAST_1, 1), (_AT_LEAST_0, 0)):
+        for key in keys:
+            value = _lookup(config, key)[1]
+            if not _is_int(value) or value < low:
+                raise bad(key, value, f"an integer >= {low}")
+    weight = config.train.penalty_weight
+    if not _is_real(weight) or not math.isfinite(weight) or weight < 0:
+        raise bad("train.penalty_weight", weight, "a finite number >= 0")
+    present, dropout = _lookup(config, "model.d_dropout")
+    if present and not (_is_real(dropout) and 0 <= dropout < 1):
+        raise bad("model.d_dropout", dropout, "a number in [0, 1)")
+    for key in ("train.g_optimizer.learning_rate", "train.d_optimizer.learning_rate"):
+        present, rate = _lookup(config, key)
+        if present and not (_is_real(rate) and math.isfinite(rate) and rate > 0):
+            raise bad(key, rate, "a finite number > 0")
+    for key in _WIDTHS:
+        present, widths = _lookup(config, key)
+        if present and not (isinstance(widths, (tuple, list)) and widths
+                            and all(_is_int(w) and w >= 1 for w in widths)):
+            raise bad(key, widths, "a non-empty tuple of integers >= 1")
+
+
 def validate(config, num_replicas):
-    """Cheap checks of names and numbers, before any data is read."""
+    """Cheap checks of names and numbers, before any data is read or the workdir touched.
+
+    Raises ConfigError naming the key, the value received and the valid choices.
+    """
     t = config.train
     losses.get(t.loss)
     penalties.get(t.penalty)
     architectures.options(config.model.name)
-    for key in ("num_steps", "global_batch_size", "d_steps", "steps_per_execution"):
-        if int(t[key]) < 1:
-            raise errors.ConfigError(f"config.train.{key} must be >= 1; Received: {t[key]}")
+    _check_numbers(config)
     for key in ("num_steps", "log_every"):
         if int(t[key]) % int(t.steps_per_execution):
             # One call of the step function runs steps_per_execution steps: a run (and a

@@ -1,0 +1,67 @@
+"""train_lib.validate: every numeric config key, checked before anything is read or written."""
+
+import math
+
+import ml_collections
+import pytest
+
+from tf_gan_scale import configs, errors, train_lib
+
+
+def mlp_config():
+    c = configs.base()
+    c.model = ml_collections.ConfigDict({"name": "mlp", "latent_dim": 2, "hidden": (8, 8)})
+    return c
+
+
+@pytest.mark.parametrize("key, value, valid", [
+    ("train.num_steps", 0, "an integer >= 1"),
+    ("train.global_batch_size", -4, "an integer >= 1"),
+    ("train.d_steps", 0, "an integer >= 1"),
+    ("train.steps_per_execution", 0, "an integer >= 1"),
+    ("train.log_every", 0, "an integer >= 1"),
+    ("train.log_every", -100, "an integer >= 1"),
+    ("train.keep_checkpoints", 0, "an integer >= 1"),
+    ("train.checkpoint_every", -1, "an integer >= 0"),
+    ("train.sample_every", -500, "an integer >= 0"),
+    ("train.penalty_weight", -0.5, "a finite number >= 0"),
+    ("train.penalty_weight", math.inf, "a finite number >= 0"),
+    ("train.penalty_weight", math.nan, "a finite number >= 0"),
+    ("model.latent_dim", 0, "an integer >= 1"),
+    ("model.d_dropout", 1.0, "a number in [0, 1)"),
+    ("model.d_dropout", -0.1, "a number in [0, 1)"),
+    ("train.g_optimizer.learning_rate", 0.0, "a finite number > 0"),
+    ("train.d_optimizer.learning_rate", -1e-4, "a finite number > 0"),
+    ("train.d_optimizer.learning_rate", math.nan, "a finite number > 0"),
+    ("model.g_channels", (32, 0, 8), "a non-empty tuple of integers >= 1"),
+    ("model.d_channels", (-8, 16), "a non-empty tuple of integers >= 1"),
+    ("model.hidden", (), "a non-empty tuple of integers >= 1"),
+])
+def test_bad_number_names_key_value_and_range(key, value, valid):
+    config = mlp_config() if key == "model.hidden" else configs.base()
+    *path, name = key.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    node[name] = value
+    with pytest.raises(errors.ConfigError) as e:
+        train_lib.validate(config, 1)
+    message = str(e.value)
+    assert message == f"config.{key} must be {valid}; Received: {value!r}"
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key", ["checkpoint_every", "sample_every"])
+def test_zero_means_only_at_the_end(key):
+    config = configs.base()
+    config.train[key] = 0
+    train_lib.validate(config, 1)  # Allowed: the periodic writes are off.
+
+
+def test_defaults_and_edges_are_valid():
+    for config in (configs.base(), mlp_config()):
+        train_lib.validate(config, 1)
+    config = configs.base()
+    config.model.d_dropout, config.train.penalty_weight = 0.0, 0.0
+    config.train.num_steps = config.train.log_every = 1
+    train_lib.validate(config, 1)
