@@ -205,3 +205,63 @@ class Summaries(_Every):
 
     def on_train_end(self, logs=None):
         self.writer.flush()
+
+
+class Progress(keras.callbacks.Callback):
+    """A progress bar per block of `every` steps, sized to the steps the block really has.
+
+    Training from step `start` to `num_steps` is shown in blocks ending at multiples of
+    `every` and at `num_steps`, so the first block of a resumed run and the last block may
+    be shorter (resume at 150 of 320, every 100: blocks of 50, 100, 20). Keras' own bar
+    would show each fit "epoch" as `every` steps. Updated from `model.step`, so it is
+    right also when batch-end hooks see only every k-th step (steps_per_execution=k).
+
+    Args:
+        start: the step training starts (or resumes) at.
+        num_steps: the step training ends at.
+        every: block size (config.train.log_every).
+        verbose: 1 (a bar) or 2 (one line per block), as Keras' `fit(verbose=...)`.
+    """
+
+    def __init__(self, start, num_steps, every, verbose=1):
+        super().__init__()
+        self.start, self.num_steps, self.every = int(start), int(num_steps), int(every)
+        self.verbose = verbose
+        self._bar = None
+        self._pos = self._begin = self._end = self.start  # Last step shown; open block.
+
+    def _open(self):
+        # The block after the last step shown: up to the next multiple of `every`.
+        self._begin = self._pos
+        self._end = min((self._pos // self.every + 1) * self.every, self.num_steps)
+        _print(f"Steps {self._begin + 1}-{self._end} of {self.num_steps}")
+        # The logged losses are already running means: show them as they are.
+        self._bar = keras.utils.Progbar(self._end - self._begin, verbose=self.verbose,
+                                        stateless_metrics=())
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = min(_step(self.model), self.num_steps)
+        values = [(k, float(np.asarray(v))) for k, v in (logs or {}).items()]
+        while self._pos < step:  # Several blocks when one execution crossed a boundary.
+            if self._bar is None:
+                self._open()
+            self._pos = min(step, self._end)
+            done = self._pos == self._end
+            self._bar.update(self._pos - self._begin, values, finalize=done)
+            if done:
+                self._bar = None
+
+    def on_train_end(self, logs=None):
+        if self._bar is not None:  # Stopped inside a block: end its line where it stood.
+            self._bar.update(self._pos - self._begin, finalize=True)
+            self._bar = None
+
+
+def _print(message):
+    """A line where Keras prints its progress: stdout, or absl logging when Keras'
+    interactive logging is off."""
+    if keras.config.is_interactive_logging_enabled():
+        sys.stdout.write(message + "\n")
+        sys.stdout.flush()
+    else:
+        logging.info(message)

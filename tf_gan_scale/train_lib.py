@@ -238,11 +238,14 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
         cbs += [callbacks.Samples(os.path.join(out_dir, "samples"), t.sample_every,
                                   seed=config.seed, writer=writer, reference=reference),
                 callbacks.Summaries(writer, t.log_every, t.global_batch_size)]
-    # Keras "epochs" are blocks of log_every steps: one progress line each.
+    # Keras "epochs" are blocks of log_every steps. Keras' bar would show every block as
+    # log_every steps (also a short last one or a resumed first one): ours counts steps.
+    if chief and verbose:
+        cbs.append(callbacks.Progress(start, t.num_steps, t.log_every,
+                                      verbose=1 if verbose == "auto" else verbose))
     per_epoch = t.log_every
     first_epoch = start // per_epoch
     last_epoch = math.ceil(t.num_steps / per_epoch)
     model.fit(data.distribute(dataset, strategy), initial_epoch=first_epoch, epochs=last_epoch,
-              steps_per_epoch=per_epoch, callbacks=cbs, verbose=verbose if chief else 0,
-              shuffle=False)
+              steps_per_epoch=per_epoch, callbacks=cbs, verbose=0, shuffle=False)
     logging.info("finished at step %d", int(model.step.numpy()))
