@@ -15,6 +15,54 @@ from conftest import REPO, run_cmd
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", GCE_METADATA_IP="127.0.0.7:9")
 
 
+# Not training state: the object graph, and how many saves the run made.
+SKIPPED = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+
+
+def checkpoint_arrays(workdir, step=None):
+    """{name: array} of every variable in the latest checkpoint of a run's workdir (or in
+    its ckpt-STEP).
+
+    All of the training state: G and D weights (stored under the optimizers'
+    `_trainable_variables`, the first path that reaches them), batch-norm moving
+    statistics, both optimizers' slots, learning rates and iteration counts; not SKIPPED.
+    """
+    import tensorflow as tf  # Only the tests that read checkpoints pay for the import.
+
+    directory = os.path.join(workdir, "checkpoints")
+    path = (tf.train.latest_checkpoint(directory) if step is None
+            else os.path.join(directory, f"ckpt-{step}"))
+    assert path, f"no checkpoint in {workdir}"
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name not in SKIPPED}
+
+
+def checkpoint_diffs(actual, expected):
+    """{name: max |actual - expected|} over the variables of two checkpoint_arrays."""
+    assert sorted(actual) == sorted(expected), (
+        f"different variables: only in actual {sorted(set(actual) - set(expected))}, "
+        f"only in expected {sorted(set(expected) - set(actual))}")
+    diffs = {}
+    for name in sorted(expected):
+        a, e = actual[name], expected[name]
+        assert a.shape == e.shape and a.dtype == e.dtype, (name, a.shape, e.shape, a.dtype, e.dtype)
+        diffs[name] = float(np.max(np.abs(a.astype(np.float64) - e.astype(np.float64)),
+                                   initial=0.0))
+    return diffs
+
+
+def assert_same_checkpoint(actual, expected, atol=0.0):
+    """Every variable of two checkpoint_arrays equal (atol=0: bit for bit) or within atol;
+    the message lists the variables that differ and by how much."""
+    diffs = checkpoint_diffs(actual, expected)
+    bad = {name: d for name, d in diffs.items()  # (NaN is never within atol.)
+           if not (np.array_equal(actual[name], expected[name]) if atol == 0 else d <= atol)}
+    assert not bad, (f"{len(bad)} of {len(diffs)} variables differ (atol={atol}); max |diff|: "
+                     + ", ".join(f"{n}: {d:.3g}" for n, d in
+                                 sorted(bad.items(), key=lambda kv: -kv[1])[:12]))
+
+
 def samples_of(workdir, out):
     """Generator samples of a run's latest checkpoint (tools/sample.py, fixed latents)."""
     proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={out}"])
