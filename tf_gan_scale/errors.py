@@ -19,3 +19,9 @@ def choose(kind, name, table):
     except (KeyError, TypeError):
         valid = ", ".join(sorted(table))
         raise ConfigError(f"unknown {kind} {name!r}; valid: {valid}") from None
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN or inf global loss or gradient (outside mixed-float16 loss
+    scaling, which skips such steps). Raised before the step's callbacks run, so no
+    checkpoint holds its weights. Binaries print one line and exit with status 1."""

@@ -28,7 +28,10 @@ import threading
 import keras
 import tensorflow as tf
 
-from tf_gan_scale import latents, losses, penalties, replica
+from tf_gan_scale import errors, latents, losses, penalties, replica
+
+NONFINITE = "nonfinite"  # train_step output: which network went non-finite (0: none).
+NONFINITE_D, NONFINITE_G = 1, 2
 
 
 def _unpack(batch):
@@ -135,40 +138,54 @@ class GAN(keras.Model):
     # ---- per-replica step -------------------------------------------------------------
 
     def _d_update(self, real, step, k):
-        """One D update on this replica's real batch [B, ...]; returns per-example loss [B]."""
+        """One D update on this replica's real batch [B, ...].
+
+        Returns (global mean D loss, finite): the loss of the whole global batch (its
+        share rides on the gradient all-reduce) and whether it and the global gradients
+        are finite (True when a LossScaleOptimizer handles overflow itself).
+        """
         b = tf.shape(real)[0]
         gb = replica.global_batch_size(b)
-        z = latents.replica_normal(self.seed, step, k, b, [self.latent_dim])
+        rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
+        z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
         fake = self.generator(z, training=True)
         with tf.GradientTape() as tape:
             # Real and fake go through D as ONE batch [2B, ...] (as in BigGAN-PyTorch): one
             # forward pass instead of two, and batch-norm statistics in D cover both halves.
-            logits = self.discriminator(tf.concat([real, fake], 0), training=True)
+            # One device sees [real rows 0..GB-1; fake rows 0..GB-1]: per-example noise in D
+            # (dropout) is keyed by that global position.
+            with latents.example_rows(tf.concat([rows, gb + rows], 0)):
+                logits = self.discriminator(tf.concat([real, fake], 0), training=True)
             real_logits, fake_logits = logits[:b], logits[b:]
             per_example = self.loss_fn(real_logits=real_logits, fake_logits=fake_logits).d
             if self.penalty_fn is not None:
-                noise = latents.replica_uniform(self.seed, step, latents.PENALTY_PHASE + k, b, [])
+                noise = latents.rows_uniform(
+                    latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows, [])
                 per_example += self.penalty_weight * self.penalty_fn(
                     self.discriminator, real=real, fake=fake, noise=noise)
             # This replica's share of the global mean; the all-reduce sums the shares.
-            loss = self.d_optimizer.scale_loss(replica.global_mean(per_example, gb))
+            share = replica.global_mean(per_example, gb)
+            loss = self.d_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.discriminator.trainable_variables)
-        apply_global_gradients(self.d_optimizer, grads, self.discriminator.trainable_variables)
-        return per_example
+        return apply_global_gradients(self.d_optimizer, grads,
+                                      self.discriminator.trainable_variables, share)
 
     def _g_update(self, b, step):
-        """One G update on a fresh latent batch of size b; returns per-example loss [B]."""
+        """One G update on a fresh latent batch of size b; returns (global mean G loss,
+        finite) as `_d_update`."""
         gb = replica.global_batch_size(b)
-        z = latents.replica_normal(self.seed, step, latents.G_PHASE, b, [self.latent_dim])
+        z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE),
+                                replica.global_rows(b), [self.latent_dim])
         with tf.GradientTape() as tape:
             fake = self.generator(z, training=True)
             fake_logits = self.discriminator(fake, training=True)
             # real_logits only feed the D term, which G's gradient ignores.
             per_example = self.loss_fn(real_logits=fake_logits, fake_logits=fake_logits).g
-            loss = self.g_optimizer.scale_loss(replica.global_mean(per_example, gb))
+            share = replica.global_mean(per_example, gb)
+            loss = self.g_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.generator.trainable_variables)
-        apply_global_gradients(self.g_optimizer, grads, self.generator.trainable_variables)
-        return per_example
+        return apply_global_gradients(self.g_optimizer, grads,
+                                      self.generator.trainable_variables, share)
 
     def train_step(self, data):
         """One GAN step on this replica. Runs inside `strategy.run`.
@@ -179,46 +196,76 @@ class GAN(keras.Model):
                 {"x": [B, ...], "label": [B]}, an (x, y) tuple or a tensor.
 
         Returns:
-            dict of the running global means of d_loss and g_loss.
+            {"d_loss": scalar, "g_loss": scalar, NONFINITE: int32 scalar}: the GLOBAL
+            mean losses of this step (the last D update's for d_loss), the same on every
+            replica, and 0, or NONFINITE_D / NONFINITE_G when that network's global loss
+            or gradients were not finite.
         """
         batches = (data,) if self.d_steps == 1 else tuple(data)
         step = self.step
+        nonfinite = tf.constant(0, tf.int32)
         for k, batch in enumerate(batches):
             real, _ = _unpack(batch)
-            d_per_example = self._d_update(real, step, k)
-            # Mean trackers sum (total, count) over replicas when read; every replica holds
-            # an equal share of the global batch, so the mean of the local means is the
-            # global mean (not 1/N of it, as a scaled loss would be).
-            self.d_loss_tracker.update_state(tf.reduce_mean(d_per_example))
-        g_per_example = self._g_update(tf.shape(real)[0], step)
-        self.g_loss_tracker.update_state(tf.reduce_mean(g_per_example))
-        return {m.name: m.result() for m in self.metrics}
+            d_loss, finite = self._d_update(real, step, k)
+            nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
+            # Trackers hold global values on every replica: updating them is local, and
+            # reading them in replica context (the step loop) needs no collective.
+            self.d_loss_tracker.update_state(d_loss)
+        g_loss, finite = self._g_update(tf.shape(real)[0], step)
+        nonfinite = tf.where(tf.logical_or(finite, nonfinite > 0), nonfinite, NONFINITE_G)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": d_loss, "g_loss": g_loss, NONFINITE: nonfinite}
 
     # ---- the step loop ----------------------------------------------------------------
 
     def make_train_function(self, force=False):
         """`steps_per_execution` GAN steps per call, each pulling `d_steps` batches from the
-        distributed iterator and running `train_step` on every replica; returns the global
-        means of the trackers, read in cross-replica context (so reduced over replicas)."""
+        distributed iterator and running `train_step` on every replica.
+
+        Returns the running means of the loss trackers. They hold global losses on every
+        replica, so they are read from the first local replica: no collective beyond the
+        ones the step needs (Keras reduces the trackers once per epoch, for its logs).
+        A step whose global loss or gradients are not finite raises errors.NonFiniteError
+        after the call, before any callback (so no checkpoint of it) runs.
+        """
         if self.train_function is not None and not force:
             return self.train_function
         strategy = self.distribute_strategy
         d_steps = self.d_steps
         steps = int(self.steps_per_execution or 1)
 
-        def one_step(iterator):
+        def one_step(iterator, first):
+            """Runs one GAN step; returns (code, step) of the first non-finite one."""
+            code, at = first
+            before = tf.identity(self.step)
             batches = tuple(next(iterator) for _ in range(d_steps))
-            strategy.run(self.train_step, args=(batches if d_steps > 1 else batches[0],))
+            out = strategy.run(self.train_step, args=(batches if d_steps > 1 else batches[0],))
+            new = strategy.experimental_local_results(out[NONFINITE])[0]
+            fresh = tf.logical_and(code == 0, new > 0)
+            return tf.where(fresh, new, code), tf.where(fresh, before, at)
 
         @tf.function
-        def train_function(iterator):
+        def compiled(iterator):
+            first = (tf.constant(0, tf.int32), tf.constant(-1, tf.int64))
             if steps == 1:
-                one_step(iterator)
+                first = one_step(iterator, first)
             else:
                 for _ in tf.range(steps):
-                    one_step(iterator)
-            return {m.name: m.result() for m in self.metrics}
+                    first = one_step(iterator, first)
+            logs = strategy.run(lambda: {m.name: m.result() for m in self.metrics})
+            logs = {k: strategy.experimental_local_results(v)[0] for k, v in logs.items()}
+            return logs, first
 
+        def train_function(iterator):
+            logs, (code, at) = compiled(iterator)
+            if int(code):
+                network = {NONFINITE_D: "discriminator", NONFINITE_G: "generator"}[int(code)]
+                raise errors.NonFiniteError(
+                    f"non-finite {network} loss or gradients in generator step "
+                    f"{int(at) + 1}; training stopped before saving it")
+            return logs
+
+        self._step_function = compiled  # The traced step (tests count its collectives).
         self.train_function = train_function
         return train_function
 
@@ -234,33 +281,52 @@ class GAN(keras.Model):
 
 
 @tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.
-def apply_global_gradients(optimizer, grads, variables):
+def apply_global_gradients(optimizer, grads, variables, loss=None):
     """The gradient all-reduce of a step, for one network: ONE fused SUM of all its
-    gradients across replicas and workers, then `optimizer.apply` on the global sums.
+    gradients (and of this replica's share of the loss) across replicas and workers,
+    then `optimizer.apply` on the global sums.
 
     Keras' TensorFlow optimizers would all-reduce inside `apply`, but only after their
     clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) and, for `LossScaleOptimizer`,
     after its inf/NaN check, so both acted on one replica's local gradients (see
     KERAS3_DISTRIBUTE_NOTES). Reducing first makes clipping and overflow checks see the
     same global gradients on every replica, as on one device; the optimizer's own
-    all-reduce is switched off for this call (the gradients already are the sums).
+    all-reduce is switched off for this call (the gradients already are the sums). The
+    loss share rides along in the same collective, so logging the global loss costs none.
 
     Args:
         optimizer: a Keras optimizer (or LossScaleOptimizer), built on `variables`.
         grads: list of this replica's gradients (None for unconnected variables).
         variables: the matching trainable variables.
+        loss: optional scalar, this replica's share of the global mean loss.
+    Returns:
+        (global loss (sum of the shares; None without `loss`), finite): `finite` is a
+        bool scalar, True when the global gradients and loss are all finite, and always
+        True for a LossScaleOptimizer (which skips such steps itself). Identical on
+        every replica.
     Call in replica context (inside `strategy.run`) or without a strategy.
     """
     ctx = tf.distribute.get_replica_context()
     live = [i for i, g in enumerate(grads) if g is not None]
-    if ctx is not None and ctx.num_replicas_in_sync > 1 and live:
+    extra = [] if loss is None else [tf.cast(loss, tf.float32)]
+    if ctx is not None and ctx.num_replicas_in_sync > 1 and (live or extra):
         # A list all-reduces as one batch: packed into one collective by MWMS.
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in live])
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                 [grads[i] for i in live] + extra)
         grads = list(grads)
         for i, g in zip(live, reduced):
             grads[i] = g
+        extra = reduced[len(live):]
     with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
         optimizer.apply(grads, variables)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        finite = tf.constant(True)
+    else:
+        # Global values, so every replica (and worker) reaches the same verdict.
+        checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
+                  + [tf.math.is_finite(e) for e in extra])
+        finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    return (extra[0] if extra else None), finite
 
 
 _PASSTHROUGH_LOCK = threading.Lock()

@@ -1,14 +1,31 @@
-"""The one place that owns randomness in training: latents and per-example noise.
+"""The one place that owns randomness in training: latents, penalty noise, dropout masks.
 
-Every random tensor is a deterministic function of (seed, step, phase, global example
-index), built with stateless ops. Each replica materializes the rows of the *global* batch
-it owns, so 1 device and N replicas see the same latents for the same global batch.
-(`keras.random.SeedGenerator` repeats one stream on every replica and is not used here.)
+Every random value belongs to ONE example: it is a deterministic function of
+(seed, step, phase, the example's GLOBAL index in its batch), so one device and N
+replicas (on any number of workers) draw the same numbers for the same global batch.
+Each replica draws only its own rows, straight from their keys: its cost is O(its
+rows), never O(global batch) (at 1,024 replicas, materializing the global batch and
+slicing would be 1,024x the work).
+
+How: a counter-based generator. (seed, step, phase) -> a 64-bit key (TensorFlow's
+stateless fold-in); row r of that key -> its own stream key = mix(key + r * golden);
+element j of the row -> mix(stream + (j + 1) * golden), with `mix` the SplitMix64
+finalizer (Steele et al. 2014; passes BigCrush). All of it is vectorized int64
+arithmetic (wrapping multiplication), identical on CPU, GPU and in XLA. TensorFlow's own
+stateless ops cannot take one key per row without a sequential loop (pfor falls back to
+a while loop for them).
 
 Phases separate the draws made within one generator step:
   D update k (k < d_steps) -> phase k; G update -> G_PHASE; penalty noise -> PENALTY_PHASE + k.
+Which global rows a replica holds is `replica.global_rows` (what the input pipeline
+gives it); `keras.random.SeedGenerator` repeats one stream on every replica and is not
+used.
 """
 
+import contextlib
+import threading
+
+import numpy as np
 import tensorflow as tf
 
 from tf_gan_scale import replica
@@ -18,39 +35,113 @@ PENALTY_PHASE = 2000
 SAMPLE_STEP = -1  # step value used for fixed evaluation/sampling latents.
 
 
-def _key(seed, step, phase):
-    """Stateless seed [2] (int64) for a (seed, step, phase) triple."""
-    key = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
-    key = tf.random.experimental.stateless_fold_in(key, tf.cast(step, tf.int64))
-    return tf.random.experimental.stateless_fold_in(key, tf.cast(phase, tf.int64))
+def _i64(hex_constant):
+    return int(np.uint64(hex_constant).astype(np.int64))
 
 
-def global_normal(seed, step, phase, global_batch, shape):
-    """Standard normal noise for a whole global batch: [global_batch, *shape], float32."""
-    return tf.random.stateless_normal(
-        tf.concat([[global_batch], tf.constant(shape, tf.int32)], 0),
-        seed=_key(seed, step, phase))
+_GOLDEN = _i64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: SplitMix64's increment.
+_MIX1 = _i64(0xBF58476D1CE4E5B9)
+_MIX2 = _i64(0x94D049BB133111EB)
 
 
-def global_uniform(seed, step, phase, global_batch, shape):
-    """Uniform [0, 1) noise for a whole global batch: [global_batch, *shape], float32."""
-    return tf.random.stateless_uniform(
-        tf.concat([[global_batch], tf.constant(shape, tf.int32)], 0),
-        seed=_key(seed, step, phase))
+def _shr(x, bits):
+    """Logical right shift of int64 (TensorFlow's is arithmetic for signed types)."""
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, bits), (1 << (64 - bits)) - 1)
+
+
+def _mix(z):
+    """SplitMix64 finalizer: int64 -> int64, a bijection that scrambles every bit."""
+    z = tf.bitwise.bitwise_xor(z, _shr(z, 30)) * _MIX1
+    z = tf.bitwise.bitwise_xor(z, _shr(z, 27)) * _MIX2
+    return tf.bitwise.bitwise_xor(z, _shr(z, 31))
+
+
+def key(seed, step, phase):
+    """64-bit key (int64 scalar) of a (seed, step, phase) triple."""
+    k = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
+    k = tf.random.experimental.stateless_fold_in(k, tf.cast(step, tf.int64))
+    k = tf.random.experimental.stateless_fold_in(k, tf.cast(phase, tf.int64))
+    return _mix(tf.bitwise.bitwise_xor(k[0], _mix(k[1])))
+
+
+def _row_bits(k, rows, size):
+    """Random int64 [len(rows), size]: row i is the stream of global row rows[i] of key k."""
+    rows = tf.cast(tf.convert_to_tensor(rows), tf.int64)
+    stream = _mix(k + rows * _GOLDEN)  # [R]: one independent stream per example.
+    j = tf.range(1, tf.cast(size, tf.int64) + 1, dtype=tf.int64) * _GOLDEN  # [size]
+    return _mix(stream[:, None] + j[None, :])
+
+
+def _shape(rows, shape):
+    return tf.concat([tf.shape(rows)[:1], tf.constant(shape, tf.int32)], 0)
+
+
+def rows_uniform(k, rows, shape, dtype=tf.float32):
+    """Uniform [0, 1) noise [len(rows), *shape] for the global rows `rows` of key `k`
+    (24 random bits per value: exact in float32)."""
+    size = int(np.prod(shape, dtype=np.int64))
+    bits = _shr(_row_bits(k, rows, size), 40)  # Top 24 bits.
+    u = tf.cast(bits, tf.float32) * (2.0 ** -24)
+    return tf.cast(tf.reshape(u, _shape(rows, shape)), dtype)
+
+
+def rows_normal(k, rows, shape):
+    """Standard normal noise [len(rows), *shape] (float32) for the global rows `rows`:
+    the inverse normal CDF of a 53-bit uniform in (0, 1), computed in float64."""
+    size = int(np.prod(shape, dtype=np.int64))
+    bits = _shr(_row_bits(k, rows, size), 11)  # Top 53 bits.
+    u = (tf.cast(bits, tf.float64) + 0.5) * (2.0 ** -53)
+    return tf.reshape(tf.cast(tf.math.ndtri(u), tf.float32), _shape(rows, shape))
 
 
 def replica_normal(seed, step, phase, per_replica_batch, shape):
-    """This replica's rows of `global_normal`: [per_replica_batch, *shape]."""
-    gb = replica.global_batch_size(per_replica_batch)
-    return replica.local_rows(global_normal(seed, step, phase, gb, shape), per_replica_batch)
+    """This replica's latents: rows `replica.global_rows(B)` of the global draw,
+    [per_replica_batch, *shape]."""
+    return rows_normal(key(seed, step, phase), replica.global_rows(per_replica_batch), shape)
 
 
 def replica_uniform(seed, step, phase, per_replica_batch, shape):
-    """This replica's rows of `global_uniform`: [per_replica_batch, *shape]."""
-    gb = replica.global_batch_size(per_replica_batch)
-    return replica.local_rows(global_uniform(seed, step, phase, gb, shape), per_replica_batch)
+    """This replica's uniform [0, 1) noise, [per_replica_batch, *shape]."""
+    return rows_uniform(key(seed, step, phase), replica.global_rows(per_replica_batch), shape)
+
+
+def global_normal(seed, step, phase, global_batch, shape):
+    """The whole global batch's latents [global_batch, *shape] (for tests and tools:
+    replica r's `replica_normal` equals its rows of this)."""
+    return rows_normal(key(seed, step, phase), tf.range(global_batch), shape)
 
 
 def fixed(seed, num, latent_dim):
-    """Latents for sampling and sample grids: [num, latent_dim]; same seed => same latents."""
+    """Latents for sampling and sample grids: [num, latent_dim]; sample i depends on
+    (seed, i) only, so the first k of any larger set are the same k."""
     return global_normal(seed, SAMPLE_STEP, 0, num, [latent_dim])
+
+
+# ---- example rows of the batch a layer is called on ---------------------------------
+
+_ROWS = threading.local()  # MirroredStrategy traces each replica in its own thread.
+
+
+@contextlib.contextmanager
+def example_rows(rows):
+    """Declares the global example index of each row of the batch the next layer calls
+    see (e.g. D on [real; fake]: rows, then global_batch + rows), for layers that draw
+    per-example randomness (`layers.ReplicaDropout`).
+
+    Args:
+        rows: int [L], the global index of each of this replica's L rows.
+    """
+    previous = getattr(_ROWS, "rows", None)
+    _ROWS.rows = rows
+    try:
+        yield
+    finally:
+        _ROWS.rows = previous
+
+
+def current_rows(batch_size):
+    """Global example indices [batch_size] of the batch being processed: the ones set by
+    `example_rows`, else this replica's rows of a global batch made of equal per-replica
+    batches (`replica.global_rows`)."""
+    rows = getattr(_ROWS, "rows", None)
+    return rows if rows is not None else replica.global_rows(batch_size)

@@ -41,11 +41,32 @@ def global_mean(per_example, global_batch):
     return tf.reduce_sum(per_example) / tf.cast(global_batch, per_example.dtype)
 
 
-def local_rows(global_tensor, per_replica_batch):
-    """Rows of a tensor built for the whole global batch that belong to this replica.
+def _layout():
+    """(workers, replicas per worker) of the current strategy; (1, 1) outside one."""
+    ctx = tf.distribute.get_replica_context()
+    strategy = tf.distribute.get_strategy()
+    n = num_replicas()
+    if ctx is None or n == 1:
+        return 1, 1
+    local = len(strategy.extended.worker_devices)
+    return n // local, local
 
-    `global_tensor`: [global_batch, ...] -> [per_replica_batch, ...]. Replica r owns rows
-    [r*B, (r+1)*B), matching how `experimental_distribute_dataset` splits a global batch.
+
+def global_rows(per_replica_batch):
+    """Global indices [per_replica_batch] (int32) of the rows of its global batch that the
+    input pipeline hands this replica.
+
+    `experimental_distribute_dataset` rebatches each global batch of B*N rows into N
+    chunks of B rows and gives worker w every W-th chunk (auto-sharding by data), and its
+    k-th local replica (replica id w*K + k) the k-th of them: chunk k*W + w. With one
+    worker that is chunk r for replica r; with 2 workers x 2 replicas, worker 0's
+    replicas hold rows [0:B] and [2B:3B]. Latents, penalty noise and dropout masks use
+    these indices, so the example paired with row i of the real batch is the one a
+    single device pairs with it (tests/test_equivalence.py checks it with 2 workers x 2
+    replicas against the pipeline's real rows).
     """
-    start = tf.cast(replica_id(), tf.int32) * per_replica_batch
-    return global_tensor[start:start + per_replica_batch]
+    workers, local = _layout()
+    r = tf.cast(replica_id(), tf.int32)
+    chunk = (r % local) * workers + r // local
+    b = tf.cast(per_replica_batch, tf.int32)
+    return chunk * b + tf.range(b)

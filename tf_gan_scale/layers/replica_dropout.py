@@ -1,28 +1,35 @@
-"""Dropout whose masks differ across replicas and survive a resume.
+"""Dropout whose masks are a function of the example, not of the replica it lands on.
 
 Keras' `Dropout` draws its mask from a `SeedGenerator`, whose state is mirrored: every
 replica gets the SAME mask stream, so N replicas apply identical masks to different
 examples -- correlated noise a single device never has. Its state is also not saved by
 `tf.train.Checkpoint`, so a resumed run draws other masks than an uninterrupted one.
 
-This layer keeps its own call counter as a (checkpointed) non-trainable weight and draws
-each mask from the stateless seed (seed, counter, replica id).
+Here the mask of example i in call c of the layer is drawn from the key
+(seed, c) with the example's GLOBAL index i folded in (`latents.rows_uniform`): one
+device and N replicas, on any number of workers, drop exactly the same units of the same
+example, and each replica draws only its own rows. The call counter c is a checkpointed
+non-trainable weight, so a resumed run continues the same mask sequence. Global indices
+come from `latents.current_rows` (the trainer declares them when D sees [real; fake]).
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from tf_gan_scale import replica
+from tf_gan_scale import latents
 
 
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
 class ReplicaDropout(keras.layers.Dropout):
-    """`keras.layers.Dropout` with per-replica, resumable masks under `tf.distribute`.
+    """`keras.layers.Dropout` with per-example, replica-count-independent, resumable masks.
 
     Args:
         rate: float in [0, 1), fraction of inputs to drop.
         seed: int, base seed of the layer's masks.
         **kwargs: passed to `keras.layers.Dropout` (e.g. `name`, `noise_shape`).
+
+    Inputs [B, ...] -> same shape; each kept value is scaled by 1 / (1 - rate).
 
     Example:
         >>> layer = ReplicaDropout(0.3, seed=1)
@@ -39,13 +46,24 @@ class ReplicaDropout(keras.layers.Dropout):
                                      aggregation="only_first_replica")
         self.built = True
 
+    def _mask_shape(self, inputs):
+        """Per-example mask shape (static), from noise_shape with None = input dim."""
+        shape = list(inputs.shape[1:])
+        if self.noise_shape is not None:
+            shape = [s if s is not None else d
+                     for s, d in zip(list(self.noise_shape)[1:], shape)]
+        if any(s is None for s in shape):
+            raise ValueError(f"ReplicaDropout needs static non-batch dimensions; "
+                             f"Received: inputs.shape={inputs.shape}")
+        return shape
+
     def call(self, inputs, training=False):
         if not training or self.rate == 0:
             return inputs
         count = self.calls.assign_add(1)
-        seed = tf.random.experimental.stateless_fold_in(
-            tf.constant([self.seed, 0], tf.int64), tf.cast(count, tf.int64))
-        seed = tf.random.experimental.stateless_fold_in(
-            seed, tf.cast(replica.replica_id(), tf.int64))
-        return tf.nn.experimental.stateless_dropout(
-            inputs, rate=self.rate, seed=seed, noise_shape=self.noise_shape)
+        key = latents.key(self.seed, count, 0)
+        rows = latents.current_rows(tf.shape(inputs)[0])
+        shape = self._mask_shape(inputs)
+        keep = latents.rows_uniform(key, rows, shape) >= self.rate  # [B, *shape]
+        scale = np.float32(1.0 / (1.0 - self.rate))
+        return inputs * tf.cast(keep, inputs.dtype) * tf.cast(scale, inputs.dtype)
