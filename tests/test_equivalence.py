@@ -1,0 +1,132 @@
+"""N replicas = one device: the same seed and global batch give the same weights.
+
+Every case of tests/equivalence_run.py (batch norm in G and D; dropout; WGAN-GP and R1
+through a batch-normalized D; d_steps=2; batch-norm inputs whose mean is ~1e3x their
+spread; Adam) trains 3 steps on one device, on 2 and 4 logical CPU replicas, and on 2
+local worker processes x 2 replicas (MultiWorkerMirroredStrategy over loopback), and
+every variable of G and D (weights, moving statistics, dropout counters) is compared.
+
+Tolerance, from measured float32 rounding: plain SGD, so a wrong gradient scale shows
+(Adam divides it away). The same run on one device with 1 vs the default intra-op
+threads differs by at most 3.1e-7 (wgan_gp; 5e-8 for the others) in the metric below;
+topologies by at most 8.8e-7 (measured 2026-11-30). TOL = 1e-5 leaves 10x headroom. A
+loss divided by the LOCAL instead of the global batch (a 2x gradient scale on 2
+replicas) moves the weights by 1.1e-1: four orders of magnitude over TOL, and the test
+asserts at least three. Adam turns rounding noise in near-zero gradients into full-size
+steps (1 vs 2 threads: 3.2e-4), so its case only checks that it is close.
+"""
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cmd
+from mw_helpers import ENV
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-5
+ADAM_TOL = 3e-3
+SGD_CASES = ["sgd", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean"]
+SCRIPT = os.path.join("tests", "equivalence_run.py")
+RUNS = {  # name: flags of tests/equivalence_run.py
+    "one_device": ["--strategy=one_device"],
+    "one_device_1_thread": ["--strategy=one_device", "--intra_op_threads=1"],
+    "mirrored2": ["--strategy=mirrored", "--num_cpu_devices=2"],
+    "mirrored4": ["--strategy=mirrored", "--num_cpu_devices=4"],
+    "mirrored2_scale_error": ["--strategy=mirrored", "--num_cpu_devices=2", "--scale_error",
+                              "--cases=sgd"],
+}
+TOPOLOGIES = ["mirrored2", "mirrored4", "workers2x2"]
+
+
+def diff(a, b, case):
+    """Max over the case's variables of max|a - b| / (1 + max|a|): absolute for weights
+    of order 1, relative for large moving variances."""
+    worst = 0.0
+    for key in a.files:
+        if key.startswith(case + "/") and not key.endswith("_loss"):
+            x, y = a[key].astype(np.float64), b[key].astype(np.float64)
+            worst = max(worst, np.abs(x - y).max() / (1.0 + np.abs(x).max()))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("equivalence")
+
+    def one(name):
+        out = tmp / f"{name}.npz"
+        if name == "workers2x2":  # 2 real worker processes over loopback.
+            proc = subprocess.run(
+                [sys.executable, "tools/launch_local.py", "--num_workers=2",
+                 "--devices_per_worker=2", "--", sys.executable, SCRIPT, f"--out={out}",
+                 "--strategy=multi_worker_mirrored"],
+                cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stdout[-3000:]
+        else:
+            proc = run_cmd([SCRIPT, f"--out={out}", *RUNS[name]], timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        return name, np.load(out)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, ["workers2x2", *RUNS]))
+
+
+def test_float32_rounding_floor_is_below_the_tolerance(runs):
+    for case in SGD_CASES:
+        assert diff(runs["one_device"], runs["one_device_1_thread"], case) <= TOL / 10, case
+
+
+@pytest.mark.parametrize("case", SGD_CASES)
+def test_replicas_and_workers_train_what_one_device_trains(runs, case):
+    one = runs["one_device"]
+    for topology in TOPOLOGIES:
+        assert diff(one, runs[topology], case) <= TOL, (case, topology)
+        for tag in ("d_loss", "g_loss"):  # Logged losses are the global means, per step.
+            np.testing.assert_allclose(runs[topology][f"{case}/{tag}"], one[f"{case}/{tag}"],
+                                       rtol=1e-5, err_msg=f"{case} {topology} {tag}")
+
+
+def test_a_2x_gradient_scale_error_fails_by_orders_of_magnitude(runs):
+    assert diff(runs["one_device"], runs["mirrored2_scale_error"], "sgd") >= 1e3 * TOL
+
+
+def test_per_replica_batch_norm_fails(runs):
+    for topology in TOPOLOGIES:
+        assert diff(runs["one_device"], runs[topology], "local_bn") >= 1e3 * TOL, topology
+
+
+def test_adam_is_close(runs):
+    for topology in TOPOLOGIES:
+        assert diff(runs["one_device"], runs[topology], "adam") <= ADAM_TOL, topology
+
+
+def test_replica_rows_are_the_rows_the_pipeline_delivers(runs):
+    # With 2 workers x 2 replicas, worker 0's replicas hold rows [0:4] and [8:12] of 16.
+    for name, result in runs.items():
+        assert bool(result["rows_ok"]), name
+
+
+def test_one_collective_per_purpose(runs):
+    # Per replica and GAN step; G has 3 batch norms, D one (after its 2nd conv).
+    # D update: G forward 3 + D forward 1 + D backward 1 + gradients 1 = 6.
+    # G update: G forward 3 + D forward 1 + backward D 1 + G 3 + gradients 1 = 9.
+    # The losses ride on the gradient all-reduces; no collective reads the trackers.
+    counts = {k.split("/")[1]: int(v) for k, v in
+              ((k, runs["workers2x2"][k]) for k in runs["workers2x2"].files)
+              if k.startswith("collectives/")}
+    assert counts["sgd"] == 15
+    assert counts["dropout"] == 15  # Per-example masks need no communication.
+    assert counts["local_bn"] == 2  # Gradients only.
+    # A penalty's extra D pass: its BN forward, and backward twice (double backprop).
+    assert counts["wgan_gp"] == counts["r1"] == 15 + 4
+    # MLP, 2 batch norms in each network: D update 2 + 2 + 2 + 1, G update 2 + 2 + 2 + 2 + 1.
+    assert counts["large_mean"] == 7 + 9
+    # Two D updates; +1: TensorFlow's multi-worker iterator adds one [1]-element
+    # all-reduce when a step pulls a second batch.
+    assert counts["d_steps2"] == 2 * 6 + 9 + 1
