@@ -132,3 +132,30 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(tmp_path):
         assert tree_digest(workdir) == before, args
     proc = run_cmd(["tools/sample.py", f"--workdir={tmp_path}/none", "--output=x.npy"])
     assert proc.returncode == 2 and "no training run in" in proc.stderr
+
+
+@pytest.mark.parametrize("strategy", [["--strategy=one_device"],
+                                      ["--strategy=mirrored", "--num_cpu_devices=2"]])
+def test_non_finite_training_stops_with_one_line_and_keeps_the_last_good_checkpoint(
+        tmp_path, strategy):
+    # Adam at lr 1e8 blows D up: in step 3 its state overflows (at lr 1e9 a moving variance
+    # of D's batch norm was inf from step 1 while the loss and gradients stayed finite
+    # until step 5), after ckpt-1 and ckpt-2 were written; the same step on 1 device and 2
+    # replicas, as the checks see global values. Every float variable of ckpt-2 is finite.
+    workdir = tmp_path / "run"
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
+                    "--config.train.num_steps=20", "--config.train.checkpoint_every=1",
+                    "--config.train.d_optimizer.learning_rate=1e8", *strategy])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors_ = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors_ == [
+        "error: non-finite discriminator loss, gradients or weights in generator step 3; "
+        "training "
+        f"stopped before saving it; latest checkpoint: {workdir}/checkpoints/ckpt-2"]
+    assert "Traceback" not in proc.stderr
+    reader = tf.train.load_checkpoint(str(workdir / "checkpoints" / "ckpt-2"))
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+            assert np.isfinite(value).all(), name
+    assert not glob.glob(str(workdir / "checkpoints" / "ckpt-3*"))

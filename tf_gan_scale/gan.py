@@ -199,7 +199,7 @@ class GAN(keras.Model):
             {"d_loss": scalar, "g_loss": scalar, NONFINITE: int32 scalar}: the GLOBAL
             mean losses of this step (the last D update's for d_loss), the same on every
             replica, and 0, or NONFINITE_D / NONFINITE_G when that network's global loss
-            or gradients were not finite.
+            or gradients, or its variables after the step, were not finite.
         """
         batches = (data,) if self.d_steps == 1 else tuple(data)
         step = self.step
@@ -213,6 +213,12 @@ class GAN(keras.Model):
             self.d_loss_tracker.update_state(d_loss)
         g_loss, finite = self._g_update(tf.shape(real)[0], step)
         nonfinite = tf.where(tf.logical_or(finite, nonfinite > 0), nonfinite, NONFINITE_G)
+        # Finite gradients can still overflow a weight or a moving variance (a huge
+        # learning rate, activations past 1e19): check the state a checkpoint would hold.
+        # Local reads of mirrored variables: no collective.
+        for network, code in ((self.discriminator, NONFINITE_D), (self.generator, NONFINITE_G)):
+            nonfinite = tf.where(tf.logical_or(_all_finite(network.weights), nonfinite > 0),
+                                 nonfinite, code)
         self.g_loss_tracker.update_state(g_loss)
         return {"d_loss": d_loss, "g_loss": g_loss, NONFINITE: nonfinite}
 
@@ -261,7 +267,7 @@ class GAN(keras.Model):
             if int(code):
                 network = {NONFINITE_D: "discriminator", NONFINITE_G: "generator"}[int(code)]
                 raise errors.NonFiniteError(
-                    f"non-finite {network} loss or gradients in generator step "
+                    f"non-finite {network} loss, gradients or weights in generator step "
                     f"{int(at) + 1}; training stopped before saving it")
             return logs
 
@@ -278,6 +284,13 @@ class GAN(keras.Model):
     def generate(self, z, batch_size=256):
         """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
         return generate(self.generator, z, batch_size)
+
+
+def _all_finite(variables):
+    """True (bool scalar) when every float variable holds only finite values."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
+              if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
 @tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.

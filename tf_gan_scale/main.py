@@ -11,7 +11,9 @@ Re-running the same command on the same workdir resumes from the latest checkpoi
 Bad input exits with status 2 and one line on stderr. SIGTERM saves a checkpoint (on every
 worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one line naming it,
 and other unavailable/aborted/deadline errors (storage, input) exit 1 with
-`error: ErrorType: first line`.
+`error: ErrorType: first line`. A NaN or inf global loss or gradient stops the run with
+exit 1 and one line naming the step and the network; the latest checkpoint stays the last
+good one.
 """
 
 import os
@@ -67,6 +69,11 @@ def main(argv):
         # A lost peer aborts this worker's collectives with one of these types, but so can
         # storage or the input pipeline: only the former is reported as a lost peer.
         print(f"error: {distribute.abort_message(e, strategy)}", file=sys.stderr)
+        sys.exit(1)
+    except errors.NonFiniteError as e:
+        # Raised before the step's callbacks: no checkpoint holds the bad weights.
+        latest = tf.train.latest_checkpoint(os.path.join(FLAGS.workdir, "checkpoints"))
+        print(f"error: {e}; latest checkpoint: {latest or 'none'}", file=sys.stderr)
         sys.exit(1)
 
 
