@@ -20,7 +20,8 @@ def test_dcgan_messages(dcgan):
     msgs = cost_model.step_messages(dcgan, d_steps=2)
     assert msgs["gradients"] == [4 * 212_865] * 2 + [4 * 2_305_472]
     # G's BN runs forward in each of the 2 D updates, forward + backward in the G update.
-    assert sorted(msgs["batch_norm"]) == sorted([4 * (2 * c + 1)
+    # Statistics in float64: 8 bytes per value.
+    assert sorted(msgs["batch_norm"]) == sorted([8 * (2 * c + 1)
                                                  for c in (12544, 128, 64)] * 4)
 
 

@@ -1,9 +1,11 @@
 """`fit` under MultiWorkerMirroredStrategy: real local workers over loopback, started by
 tools/launch_local.py.
 
-Same seed and global batch as one device: the generators must agree to 1e-4, for 2
-workers x 1 replica, 2 workers x 2 logical CPU replicas, and with steps_per_execution=5;
-the logged losses must be the same global means. All workers get the same --workdir; only
+Same seed and global batch as one device (plain SGD, dropout and batch norm in G and D:
+tests/sgd_config.py): every checkpointed variable (weights, moving statistics, dropout
+counters, optimizer state) must agree within the equivalence tolerance of
+tests/test_equivalence.py, for 2 workers x 1 replica, 2 workers x 2 logical CPU replicas,
+and with steps_per_execution=5; the logged losses must be the same global means. All workers get the same --workdir; only
 the chief writes it, and no worker leaves temporary directories behind.
 """
 
@@ -12,13 +14,21 @@ import os
 import numpy as np
 import pytest
 
-from conftest import TINY, run_cmd
-from mw_helpers import Launcher, samples_of
+from conftest import run_cmd
+from mw_helpers import Launcher, checkpoint_arrays
 from test_cli import scalars
+from test_equivalence import TOL
 
 pytestmark = pytest.mark.slow
 
-ARGS = [*TINY, "--config.train.num_steps=10", "--config.model.d_dropout=0.0"]
+ARGS = ["--config=tests/sgd_config.py"]
+
+
+def max_relative_diff(actual, expected):
+    """max over variables of max|a - e| / (1 + max|e|), the metric of test_equivalence."""
+    assert sorted(actual) == sorted(expected)
+    return max(np.abs(actual[k].astype(np.float64) - expected[k]).max()
+               / (1.0 + np.abs(expected[k]).astype(np.float64).max()) for k in expected)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +37,7 @@ def one_device(tmp_path_factory):
     proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", "--strategy=one_device",
                     *ARGS])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir, samples_of(workdir, workdir.parent / "samples.npy")
+    return workdir, checkpoint_arrays(workdir)
 
 
 @pytest.mark.parametrize("devices_per_worker, steps_per_execution", [(1, 1), (2, 1), (1, 5)])
@@ -46,8 +56,8 @@ def test_workers_match_one_device(tmp_path, monkeypatch, one_device, devices_per
     assert os.path.exists(shared / "checkpoints" / "ckpt-10.index")
     assert os.listdir(tmp_path / "tmp") == []  # Non-chief checkpoints, preemption dirs.
 
-    one_dir, one_samples = one_device
-    assert np.abs(samples_of(shared, tmp_path / "s.npy") - one_samples).max() <= 1e-4
+    one_dir, one_arrays = one_device
+    assert max_relative_diff(checkpoint_arrays(shared), one_arrays) <= TOL
     for tag in ("d_loss", "g_loss"):
         one, multi = scalars(one_dir, tag), scalars(shared, tag)
         assert set(one) == set(multi) == {5, 10}

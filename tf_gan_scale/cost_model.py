@@ -24,6 +24,7 @@ pass and BN's are on the critical path): compute / (compute + communication).
 import tensorflow as tf
 
 BYTES_PER_FLOAT = 4
+BN_BYTES_PER_VALUE = 8
 
 
 def forward_flops(model, input_shape):
@@ -55,8 +56,10 @@ def step_messages(costs, d_steps=1):
     """Sizes in bytes of every all-reduce of one GAN step, per replica:
     {"gradients": [...], "batch_norm": [...]}."""
     grads = [BYTES_PER_FLOAT * costs["d_params"]] * d_steps + [BYTES_PER_FLOAT * costs["g_params"]]
-    bn = ([BYTES_PER_FLOAT * (2 * c + 1) for c in costs["g_bn_channels"]] * (d_steps + 2)
-          + [BYTES_PER_FLOAT * (2 * c + 1) for c in costs["d_bn_channels"]] * (2 * d_steps + 2))
+    # BN statistics are summed in float64 (layers.SyncBatchNormalization: numerically
+    # stable; O(channels), so the doubled bytes are negligible next to the gradients).
+    bn = ([BN_BYTES_PER_VALUE * (2 * c + 1) for c in costs["g_bn_channels"]] * (d_steps + 2)
+          + [BN_BYTES_PER_VALUE * (2 * c + 1) for c in costs["d_bn_channels"]] * (2 * d_steps + 2))
     return {"gradients": grads, "batch_norm": bn}
 
 
