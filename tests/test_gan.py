@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import architectures, data, gan, latents
+from tf_gan_scale import architectures, data, gan, latents, replica
 from tf_gan_scale.layers import ReplicaDropout
 
 LATENT = 8
@@ -130,6 +130,33 @@ def test_dropout_masks_differ_across_replicas(mirrored2):
     p0, p1 = mirrored2.experimental_local_results(
         tf.function(lambda: mirrored2.run(lambda: plain(tf.ones([4, 64]), training=True)))())
     np.testing.assert_array_equal(p0.numpy(), p1.numpy())
+
+
+def test_dropout_masks_follow_global_rows_not_replicas(one_device, mirrored2):
+    # D sees [real; fake] as one batch: on one device rows [0, 8) then [8, 16); each replica
+    # declares its halves' global rows the same way, so its masks are one device's rows.
+    def masks(strategy):
+        with strategy.scope():
+            layer = ReplicaDropout(0.5, seed=3)
+
+        def fn():
+            b = 8 // strategy.num_replicas_in_sync
+            rows = replica.global_rows(b)
+            with latents.example_rows(tf.concat([rows, 8 + rows], 0)):
+                first = layer(tf.ones([2 * b, 6]), training=True)
+            return first, layer(tf.ones([2 * b, 6]), training=True)  # Next call: new masks.
+
+        out = tf.function(lambda: strategy.run(fn))()
+        parts = [[t.numpy() for t in strategy.experimental_local_results(o)] for o in out]
+        # Reassemble one device's order: every replica's real half, then every fake half.
+        first = np.concatenate([p[:len(p) // 2] for p in parts[0]]
+                               + [p[len(p) // 2:] for p in parts[0]])
+        return first, np.concatenate(parts[1])
+
+    one, two = masks(one_device), masks(mirrored2)
+    np.testing.assert_array_equal(one[0], two[0])
+    assert set(np.unique(one[0])) == {0.0, 2.0}
+    assert not np.array_equal(one[0], one[1])  # Each call draws fresh masks.
 
 
 @pytest.mark.parametrize("batch", ["tensor", "tuple"])

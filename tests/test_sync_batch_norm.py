@@ -167,3 +167,9 @@ def test_second_order_gradients_are_true_on_every_path(one_device, mirrored2):
     _, bad_dx, _ = r1_of_bn(one_device, FrozenVarianceBN, x, gamma)
     bad = np.array([bad_dx[i] for i in where])
     assert np.abs(bad - fd_x).max() > 1e-2 * np.abs(fd_x).max()
+
+
+def test_only_the_last_axis():
+    with pytest.raises(ValueError, match="normalizes the last axis"):
+        SyncBatchNormalization(axis=1).build((8, 4, 3, 4))
+    SyncBatchNormalization(axis=3).build((8, 4, 3, 4))

@@ -16,7 +16,8 @@ stateless ops cannot take one key per row without a sequential loop (pfor falls 
 a while loop for them).
 
 Phases separate the draws made within one generator step:
-  D update k (k < d_steps) -> phase k; G update -> G_PHASE; penalty noise -> PENALTY_PHASE + k.
+  D update k (k < d_steps) -> phase k; G update -> G_PHASE; penalty noise -> PENALTY_PHASE + k;
+  dropout masks -> DROPOUT_PHASE (keyed by the layer's seed and call count, not the step).
 Which global rows a replica holds is `replica.global_rows` (what the input pipeline
 gives it); `keras.random.SeedGenerator` repeats one stream on every replica and is not
 used.
@@ -32,6 +33,7 @@ from tf_gan_scale import replica
 
 G_PHASE = 1000
 PENALTY_PHASE = 2000
+DROPOUT_PHASE = 3000  # layers.ReplicaDropout: (layer seed, call count, DROPOUT_PHASE).
 SAMPLE_STEP = -1  # step value used for fixed evaluation/sampling latents.
 
 
@@ -59,8 +61,10 @@ def _mix(z):
 def key(seed, step, phase):
     """64-bit key (int64 scalar) of a (seed, step, phase) triple."""
     k = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
-    k = tf.random.experimental.stateless_fold_in(k, tf.cast(step, tf.int64))
-    k = tf.random.experimental.stateless_fold_in(k, tf.cast(phase, tf.int64))
+    # alg pinned: "auto_select" resolves differently under XLA (TPU, jit_compile), which
+    # would give other keys there than on CPU/GPU.
+    k = tf.random.experimental.stateless_fold_in(k, tf.cast(step, tf.int64), alg="philox")
+    k = tf.random.experimental.stateless_fold_in(k, tf.cast(phase, tf.int64), alg="philox")
     return _mix(tf.bitwise.bitwise_xor(k[0], _mix(k[1])))
 
 
@@ -76,21 +80,24 @@ def _shape(rows, shape):
     return tf.concat([tf.shape(rows)[:1], tf.constant(shape, tf.int32)], 0)
 
 
-def rows_uniform(k, rows, shape, dtype=tf.float32):
-    """Uniform [0, 1) noise [len(rows), *shape] for the global rows `rows` of key `k`
-    (24 random bits per value: exact in float32)."""
+def rows_uniform(k, rows, shape):
+    """Uniform [0, 1) noise [len(rows), *shape] (float32) for the global rows `rows` of key
+    `k` (24 random bits per value: exact in float32, at most 1 - 2^-24)."""
     size = int(np.prod(shape, dtype=np.int64))
     bits = _shr(_row_bits(k, rows, size), 40)  # Top 24 bits.
     u = tf.cast(bits, tf.float32) * (2.0 ** -24)
-    return tf.cast(tf.reshape(u, _shape(rows, shape)), dtype)
+    return tf.reshape(u, _shape(rows, shape))
 
 
 def rows_normal(k, rows, shape):
     """Standard normal noise [len(rows), *shape] (float32) for the global rows `rows`:
-    the inverse normal CDF of a 53-bit uniform in (0, 1), computed in float64."""
+    the inverse normal CDF of a uniform strictly inside (0, 1), computed in float64 (|z| is
+    at most 8.3)."""
     size = int(np.prod(shape, dtype=np.int64))
-    bits = _shr(_row_bits(k, rows, size), 11)  # Top 53 bits.
-    u = (tf.cast(bits, tf.float64) + 0.5) * (2.0 ** -53)
+    bits = _shr(_row_bits(k, rows, size), 12)  # Top 52 bits.
+    # (2 bits + 1) / 2^53 is exact in float64 and lies in [2^-53, 1 - 2^-53]; with 53 bits,
+    # bits + 0.5 would round up to 2^53 for the largest value, and ndtri(1) is inf.
+    u = (tf.cast(bits, tf.float64) * 2.0 + 1.0) * (2.0 ** -53)
     return tf.reshape(tf.cast(tf.math.ndtri(u), tf.float32), _shape(rows, shape))
 
 
@@ -142,6 +149,16 @@ def example_rows(rows):
 def current_rows(batch_size):
     """Global example indices [batch_size] of the batch being processed: the ones set by
     `example_rows`, else this replica's rows of a global batch made of equal per-replica
-    batches (`replica.global_rows`)."""
+    batches (`replica.global_rows`).
+
+    The context is per thread: MirroredStrategy runs each replica in its own thread, so
+    set it inside the replica function (as `GAN.train_step` does), not around
+    `strategy.run`.
+    """
     rows = getattr(_ROWS, "rows", None)
-    return rows if rows is not None else replica.global_rows(batch_size)
+    if rows is None:
+        return replica.global_rows(batch_size)
+    static = tf.get_static_value(batch_size)
+    if rows.shape[0] is not None and static is not None and rows.shape[0] != static:
+        raise ValueError(f"example_rows declared {rows.shape[0]} rows for a batch of {static}")
+    return rows

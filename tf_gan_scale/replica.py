@@ -48,6 +48,12 @@ def _layout():
     n = num_replicas()
     if ctx is None or n == 1:
         return 1, 1
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        # worker_devices lists every core of every host, but the input pipeline shards per
+        # host as MultiWorkerMirroredStrategy shards per worker: hosts are the workers
+        # here. (By reading TensorFlow's input code; no TPU to test on.)
+        hosts = strategy.extended.num_hosts
+        return hosts, n // hosts
     local = len(strategy.extended.worker_devices)
     return n // local, local
 

@@ -57,8 +57,11 @@ def build_gan(config, data_shape):
     same weights (variables are created on replica 0 and broadcast).
     """
     keras.utils.set_random_seed(config.seed)
+    options = model_options(config)
+    if "seed" in architectures.options(config.model.name):
+        options.setdefault("seed", config.seed)  # Layer seeds (dropout) follow config.seed.
     g, d = architectures.build(config.model.name, data_shape=data_shape,
-                               latent_dim=config.model.latent_dim, **model_options(config))
+                               latent_dim=config.model.latent_dim, **options)
     model = gan_lib.GAN(g, d, config.model.latent_dim, seed=config.seed)
     t = config.train
     model.compile(g_optimizer=make_optimizer(t.g_optimizer),

@@ -71,6 +71,7 @@ def make_dataset(source, *, global_batch_size, seed, start_batch=0, repeat=True)
 
 
 def distribute(dataset, strategy):
-    """Splits each global batch across the strategy's replicas (replica r gets rows
-    [r*B/N, (r+1)*B/N)); the global batch must be divisible by the replica count."""
+    """Splits each global batch across the strategy's replicas; which rows each replica
+    gets is `replica.global_rows` (with one worker, replica r gets rows [r*B/N, (r+1)*B/N)).
+    The global batch must be divisible by the replica count."""
     return strategy.experimental_distribute_dataset(dataset)

@@ -6,8 +6,8 @@ examples -- correlated noise a single device never has. Its state is also not sa
 `tf.train.Checkpoint`, so a resumed run draws other masks than an uninterrupted one.
 
 Here the mask of example i in call c of the layer is drawn from the key
-(seed, c) with the example's GLOBAL index i folded in (`latents.rows_uniform`): one
-device and N replicas, on any number of workers, drop exactly the same units of the same
+(seed, c, DROPOUT_PHASE) with the example's GLOBAL index i folded in
+(`latents.rows_uniform`): one device and N replicas, on any number of workers, drop exactly the same units of the same
 example, and each replica draws only its own rows. The call counter c is a checkpointed
 non-trainable weight, so a resumed run continues the same mask sequence. Global indices
 come from `latents.current_rows` (the trainer declares them when D sees [real; fake]).
@@ -61,7 +61,7 @@ class ReplicaDropout(keras.layers.Dropout):
         if not training or self.rate == 0:
             return inputs
         count = self.calls.assign_add(1)
-        key = latents.key(self.seed, count, 0)
+        key = latents.key(self.seed, count, latents.DROPOUT_PHASE)
         rows = latents.current_rows(tf.shape(inputs)[0])
         shape = self._mask_shape(inputs)
         keep = latents.rows_uniform(key, rows, shape) >= self.rate  # [B, *shape]
