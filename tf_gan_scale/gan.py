@@ -17,7 +17,8 @@ two optimizers anyway. Distributed math, in one place each:
     batch once); `apply_global_gradients` then SUMS each network's gradients across
     replicas in one fused all-reduce, before the optimizer (so its clipping and
     loss-scale checks see global gradients);
-  * latents and penalty noise come from `latents`, a function of (seed, step, global index);
+  * latents, penalty noise and dropout masks come from `latents`, a function of (seed,
+    step, phase, the example's global index: `replica.global_rows`);
   * batch statistics are cross-replica (`layers.SyncBatchNormalization`, one all-reduce
     per layer and pass).
 """
@@ -231,8 +232,9 @@ class GAN(keras.Model):
         Returns the running means of the loss trackers. They hold global losses on every
         replica, so they are read from the first local replica: no collective beyond the
         ones the step needs (Keras reduces the trackers once per epoch, for its logs).
-        A step whose global loss or gradients are not finite raises errors.NonFiniteError
-        after the call, before any callback (so no checkpoint of it) runs.
+        A step whose global loss or gradients, or G's or D's variables after it, are not
+        finite raises errors.NonFiniteError after the call, before any callback (so no
+        checkpoint of it) runs.
         """
         if self.train_function is not None and not force:
             return self.train_function
