@@ -52,6 +52,15 @@ def checkpoint_diffs(actual, expected):
     return diffs
 
 
+def max_relative_diff(actual, expected):
+    """max over variables of max|actual - expected| / (1 + max|expected|): absolute for
+    weights of order 1, relative for large moving variances (the equivalence metric of
+    tests/test_equivalence.py). Both are {name: array} with the same names."""
+    assert sorted(actual) == sorted(expected), (sorted(actual), sorted(expected))
+    return max(np.abs(np.asarray(actual[k], np.float64) - expected[k]).max()
+               / (1.0 + np.abs(np.asarray(expected[k], np.float64)).max()) for k in expected)
+
+
 def assert_same_checkpoint(actual, expected, atol=0.0):
     """Every variable of two checkpoint_arrays equal (atol=0: bit for bit) or within atol;
     the message lists the variables that differ and by how much."""

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_cmd
-from mw_helpers import ENV
+from mw_helpers import ENV, max_relative_diff
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +45,10 @@ TOPOLOGIES = ["mirrored2", "mirrored4", "workers2x2"]
 
 
 def diff(a, b, case):
-    """Max over the case's variables of max|a - b| / (1 + max|a|): absolute for weights
-    of order 1, relative for large moving variances."""
-    worst = 0.0
-    for key in a.files:
-        if key.startswith(case + "/") and not key.endswith("_loss"):
-            x, y = a[key].astype(np.float64), b[key].astype(np.float64)
-            worst = max(worst, np.abs(x - y).max() / (1.0 + np.abs(x).max()))
-    return worst
+    """max_relative_diff of the case's variables in run b against run a."""
+    variables = lambda run: {k: run[k] for k in run.files  # noqa: E731
+                             if k.startswith(case + "/") and not k.endswith("_loss")}
+    return max_relative_diff(variables(b), variables(a))
 
 
 @pytest.fixture(scope="module")

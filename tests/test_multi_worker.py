@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cmd
-from mw_helpers import Launcher, checkpoint_arrays
+from mw_helpers import Launcher, checkpoint_arrays, max_relative_diff
 from test_cli import scalars
 from test_equivalence import TOL
 
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.slow
 
 ARGS = ["--config=tests/sgd_config.py"]
 
-
-def max_relative_diff(actual, expected):
-    """max over variables of max|a - e| / (1 + max|e|), the metric of test_equivalence."""
-    assert sorted(actual) == sorted(expected)
-    return max(np.abs(actual[k].astype(np.float64) - expected[k]).max()
-               / (1.0 + np.abs(expected[k]).astype(np.float64).max()) for k in expected)
 
 
 @pytest.fixture(scope="module")
