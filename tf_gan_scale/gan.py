@@ -64,18 +64,26 @@ class GAN(keras.Model):
     Calling the model, `gan(z)`, runs the generator in inference mode.
     """
 
-    def __init__(self, generator, discriminator, latent_dim, *, seed=0, **kwargs):
+    def __init__(self, generator, discriminator, latent_dim, *, seed=0,
+                 sync_batch_norm=False, **kwargs):
         super().__init__(**kwargs)
+        if not generator.built:
+            generator.build((None, int(latent_dim)))
+        if not discriminator.built:
+            discriminator.build((None,) + tuple(generator.output_shape[1:]))
+        # sync_batch_norm: "auto" | True | False (see convert.for_gan). Plain Keras
+        # BatchNormalization is per replica; "auto" swaps in SyncBatchNormalization (same
+        # weights) under a multi-replica strategy, before the networks are tracked here.
+        # Default False until train_lib passes config.model.sync_bn=False through (else
+        # "auto" would override that deliberate per-replica choice).
+        from tf_gan_scale import convert
+        generator, discriminator = convert.for_gan(generator, discriminator, sync_batch_norm)
         self.generator = generator
         self.discriminator = discriminator
         self.latent_dim = int(latent_dim)
         self.seed = int(seed)
         self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
-        if not generator.built:
-            generator.build((None, self.latent_dim))
-        if not discriminator.built:
-            discriminator.build((None,) + tuple(generator.output_shape[1:]))
         # The wrapper has no call graph of its own; Keras' fit would try to trace one.
         self.built = True
 
