@@ -1,13 +1,15 @@
 """convert.sync_batch_norm and GAN(sync_batch_norm=...): the user's own plain-Keras BN."""
 
+import json
 import logging
+import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import architectures, convert, data, gan
+from tf_gan_scale import architectures, convert, data, distribute, gan
 from tf_gan_scale.layers import SyncBatchNormalization
 
 L = keras.layers
@@ -192,3 +194,28 @@ def test_user_gan_on_two_replicas_matches_one_device(one_device, mirrored2):
     assert max_diff(one, train(mirrored2)) <= 1e-5  # Converted by "auto" (measured 6e-8).
     # Per-replica BN (the opt-out) measurably differs: the check above can fail.
     assert max_diff(one, train(mirrored2, sync_batch_norm=False)) > 1e-3  # Measured 1e-2.
+
+
+@pytest.mark.slow
+def test_user_gan_on_four_replicas_matches_one_device():
+    # Another replica count: its own process (one MirroredStrategy per process).
+    from conftest import run_cmd
+
+    proc = run_cmd(["tests/test_convert.py", "4"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diffs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert diffs["sync"] <= 1e-5 and diffs["local"] > 1e-3, diffs
+
+
+def main(replicas):
+    """Prints {"sync": diff, "local": diff}: the user GAN on `replicas` logical CPUs, with
+    "auto" and with per-replica BN, against one device (same metric as above)."""
+    distribute.configure_cpu_devices(replicas)  # Before TensorFlow initializes devices.
+    one = train(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    many = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    print(json.dumps({"sync": float(max_diff(one, train(many))),
+                      "local": float(max_diff(one, train(many, sync_batch_norm=False)))}))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
