@@ -116,6 +116,10 @@ class GAN(keras.Model):
         super().compile(steps_per_execution=steps_per_execution, jit_compile=False)
         self.g_optimizer = keras.optimizers.get(g_optimizer)
         self.d_optimizer = keras.optimizers.get(d_optimizer)
+        # Keras' compile left its default optimizer (an unused, unbuilt RMSprop) in
+        # `self.optimizer`, which callbacks read (BackupAndRestore builds it, outside the
+        # strategy scope, and fails). The step counter is G's optimizer: it stands in.
+        self.optimizer = self.g_optimizer
         self.loss_fn = losses.get(loss)
         self.penalty_fn = penalties.get(penalty)
         self.penalty_weight = float(penalty_weight)
@@ -143,6 +147,13 @@ class GAN(keras.Model):
         """What a checkpoint must hold for an exact resume (the step is g_optimizer's)."""
         return {"generator": self.generator, "discriminator": self.discriminator,
                 "g_optimizer": self.g_optimizer, "d_optimizer": self.d_optimizer}
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights`, inside the model's strategy scope: Keras'
+        `BackupAndRestore` (and users) call it outside, and variables created under a
+        strategy can only be restored within it."""
+        with self.distribute_strategy.scope():
+            return super().load_weights(filepath, *args, **kwargs)
 
     # ---- per-replica step -------------------------------------------------------------
 
