@@ -101,18 +101,30 @@ def test_unconvertible_layers_are_listed():
     class MyBN(L.BatchNormalization):
         pass
 
+    class Block(L.Layer):  # A custom layer with batch norm inside (no get_config).
+        def __init__(self):
+            super().__init__(name="block")
+            self.bn = L.BatchNormalization(name="inner_bn")
+
+        def call(self, x, training=False):
+            return self.bn(x, training=training)
+
     model = keras.Sequential([
         keras.Input((4, 4, 3)),
         L.BatchNormalization(axis=1), L.BatchNormalization(renorm=True), MyBN(),
-        L.BatchNormalization(),
+        L.BatchNormalization(), Block(),
     ])
     new, converted, unconvertible = convert.sync_batch_norm(model)
     assert converted == 1
     assert names(new) == ["BatchNormalization", "BatchNormalization", "MyBN",
-                          "SyncBatchNormalization"]
-    assert len(unconvertible) == 3
+                          "SyncBatchNormalization", "Block"]
+    assert new.layers[-1] is model.layers[-1]  # Not clonable from config: shared.
+    assert len(unconvertible) == 4
     assert "axis=1" in unconvertible[0] and "renorm" in unconvertible[1]
     assert "MyBN subclasses BatchNormalization" in unconvertible[2]
+    assert unconvertible[3] == ("block/inner_bn (BatchNormalization): inside custom layer "
+                                "Block")
+    assert_same_weights(model, new)
 
 
 class Subclassed(keras.Model):

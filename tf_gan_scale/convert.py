@@ -69,22 +69,22 @@ def _describe(path, layer, reason):
     return f"{path}{layer.name} ({type(layer).__name__}): {reason}"
 
 
-def _walk(model, path=""):
-    """(path, layer) for every layer of `model`, nested models' layers included."""
-    for layer in getattr(model, "layers", []):
-        yield path, layer
-        if isinstance(layer, keras.Model):
-            yield from _walk(layer, f"{path}{layer.name}/")
+def _walk(layer, path=""):
+    """(path, sublayer) for every layer inside `layer`, at any depth (models and custom
+    layers alike)."""
+    for sub in layer._flatten_layers(include_self=False, recursive=False):
+        yield path, sub
+        yield from _walk(sub, f"{path}{sub.name}/")
 
 
-def _unconvertible(model, path=""):
-    """Descriptions of the layers of `model` with per-replica batch statistics."""
+def _unconvertible(layer, path, why):
+    """Descriptions of the layers inside `layer` that keep per-replica batch statistics
+    (plain BatchNormalization included, since its container cannot be rebuilt: `why`)."""
     found = []
-    for p, layer in _walk(model, path):
-        kind, reason = _verdict(layer)
-        if kind == "unconvertible" or (kind == "convert"):
-            found.append(_describe(p, layer, reason or "model is not Sequential or "
-                                   "Functional, so its layers cannot be replaced"))
+    for p, sub in _walk(layer, path):
+        kind, reason = _verdict(sub)
+        if kind != "skip":
+            found.append(_describe(p, sub, reason or why))
     return found
 
 
@@ -96,7 +96,8 @@ def _convert(model, path, state):
             if _rebuildable(layer):
                 return _convert(layer, f"{path}{layer.name}/", state)
             # A subclassed model nested in a graph model: share it unchanged.
-            state["unconvertible"] += _unconvertible(layer, f"{path}{layer.name}/")
+            state["unconvertible"] += _unconvertible(
+                layer, f"{path}{layer.name}/", "inside a subclassed model")
             return layer
         kind, reason = _verdict(layer)
         if kind == "convert":
@@ -104,7 +105,13 @@ def _convert(model, path, state):
             return SyncBatchNormalization.from_config(layer.get_config())
         if kind == "unconvertible":
             state["unconvertible"].append(_describe(path, layer, reason))
-        return layer.__class__.from_config(layer.get_config())
+        # Batch norm inside a custom layer cannot be replaced from outside.
+        state["unconvertible"] += _unconvertible(
+            layer, f"{path}{layer.name}/", f"inside custom layer {type(layer).__name__}")
+        try:
+            return layer.__class__.from_config(layer.get_config())
+        except Exception:  # noqa: BLE001 (a custom layer without a working get_config)
+            return layer  # Shared with the original model, weights and all.
 
     return keras.models.clone_model(model, clone_function=clone_layer)
 
@@ -141,11 +148,14 @@ def sync_batch_norm(model, *, name=None):
         converted), the number of layers replaced, and descriptions
         "path/name (Class): reason" of layers that keep per-replica batch statistics:
         renorm or non-last-axis BatchNormalization, BatchNormalization subclasses, layers
-        with `synchronized=False`, and every such layer of a subclassed model (which
-        cannot be rebuilt and is returned unchanged).
+        with `synchronized=False`, and any batch norm inside a custom layer or a
+        subclassed model (which cannot be rebuilt and is returned unchanged). A layer
+        that cannot be cloned from its config is shared with the original model.
     """
     if not _rebuildable(model):
-        return model, 0, _unconvertible(model)
+        return model, 0, _unconvertible(
+            model, "", "model is not Sequential or Functional, so its layers cannot be "
+            "replaced")
     state = {"converted": 0, "unconvertible": []}
     new = _convert(model, "", state)
     if not state["converted"]:
