@@ -19,7 +19,8 @@ def make(strategy, *, d_steps=1, sync_bn=True, d_norm="batch", spe=1, loss="non_
         g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
                                    d_dropout=0.0, sync_bn=sync_bn, d_norm=d_norm,
                                    g_channels=(16, 8, 4), d_channels=(4, 8))
-        model = gan.GAN(g, d, LATENT, seed=5)
+        model = gan.GAN(g, d, LATENT, seed=5,
+                        sync_batch_norm="auto" if sync_bn else False)
         optimizer = ((lambda: keras.optimizers.SGD(0.05, **opt)) if sgd else
                      (lambda: keras.optimizers.Adam(1e-3, beta_1=0.5, **opt)))
         model.compile(g_optimizer=optimizer(), d_optimizer=optimizer(), loss=loss,

@@ -59,23 +59,26 @@ class GAN(keras.Model):
         discriminator: keras.Model, [B, *data_shape] -> [B, 1] (or [B]) logits.
         latent_dim: int, size of z ~ N(0, I).
         seed: int, seeds all training randomness (latents, penalty noise).
+        sync_batch_norm: "auto" (default), True or False. Plain Keras
+            `BatchNormalization` computes per-replica statistics; "auto" replaces it by
+            `layers.SyncBatchNormalization` (same config and weights: global-batch
+            statistics) when the GAN is created under a strategy with more than one
+            replica, True always, False never (see `convert.py`). Use `gan.generator` /
+            `gan.discriminator` afterwards: the models passed in are not modified.
         **kwargs: passed to keras.Model (e.g. `name`).
 
     Calling the model, `gan(z)`, runs the generator in inference mode.
     """
 
     def __init__(self, generator, discriminator, latent_dim, *, seed=0,
-                 sync_batch_norm=False, **kwargs):
+                 sync_batch_norm="auto", **kwargs):
         super().__init__(**kwargs)
         if not generator.built:
             generator.build((None, int(latent_dim)))
         if not discriminator.built:
             discriminator.build((None,) + tuple(generator.output_shape[1:]))
-        # sync_batch_norm: "auto" | True | False (see convert.for_gan). Plain Keras
-        # BatchNormalization is per replica; "auto" swaps in SyncBatchNormalization (same
-        # weights) under a multi-replica strategy, before the networks are tracked here.
-        # Default False until train_lib passes config.model.sync_bn=False through (else
-        # "auto" would override that deliberate per-replica choice).
+        # Plain Keras BatchNormalization is per replica: swap in SyncBatchNormalization
+        # (same weights) before the networks are tracked here (see convert.for_gan).
         from tf_gan_scale import convert
         generator, discriminator = convert.for_gan(generator, discriminator, sync_batch_norm)
         self.generator = generator

@@ -62,7 +62,9 @@ def build_gan(config, data_shape):
         options.setdefault("seed", config.seed)  # Layer seeds (dropout) follow config.seed.
     g, d = architectures.build(config.model.name, data_shape=data_shape,
                                latent_dim=config.model.latent_dim, **options)
-    model = gan_lib.GAN(g, d, config.model.latent_dim, seed=config.seed)
+    # config.model.sync_bn=False asks for per-replica batch norm: keep it so.
+    model = gan_lib.GAN(g, d, config.model.latent_dim, seed=config.seed,
+                        sync_batch_norm="auto" if config.model.get("sync_bn", True) else False)
     t = config.train
     model.compile(g_optimizer=make_optimizer(t.g_optimizer),
                   d_optimizer=make_optimizer(t.d_optimizer), loss=t.loss,
