@@ -16,13 +16,12 @@ the generator EMA (issue 10) lands, its averaged weights are the ones to export.
 """
 
 import os
-import re
 import shutil
 import tempfile
 
 import tensorflow as tf
 
-from tf_gan_scale import errors, train_lib
+from tf_gan_scale import errors, sampling
 
 SIGNATURE = "serving_default"
 OUTPUT_KEY = "images"
@@ -66,19 +65,6 @@ def _check_output(output):
                 f"--output {output!r} exists and is not empty; choose a new directory")
 
 
-def load_generator(workdir):
-    """(generator, latent_dim, step, checkpoint path): built as the training binary builds
-    it (load_run + build_gan, no strategy), weights from the latest checkpoint."""
-    config, data_shape = train_lib.load_run(workdir)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    if tf.train.latest_checkpoint(ckpt_dir) is None:
-        raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
-    model = train_lib.build_gan(config, data_shape)
-    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(generator=model.generator))
-    step = int(re.search(r"ckpt-(\d+)$", path).group(1))
-    return model.generator, int(config.model.latent_dim), step, path
-
-
 def export_generator(workdir, output):
     """Writes the latest checkpoint's generator of the run in `workdir` as a SavedModel
     in `output` (absent or empty). Returns {"step", "checkpoint", "output", "latent_dim",
@@ -86,7 +72,8 @@ def export_generator(workdir, output):
     is written to a temporary directory beside `output` and renamed at the end, so a
     crash never leaves half an export."""
     _check_output(output)
-    generator, latent_dim, step, path = load_generator(workdir)
+    # The same loading as tools/sample.py: the export serves what sampling shows.
+    generator, latent_dim, step, path = sampling.load_generator(workdir)
     module = _Serving(generator, latent_dim, step)
     concrete = module.serve.get_concrete_function()
     output_shape = concrete.structured_outputs[OUTPUT_KEY].shape.as_list()
