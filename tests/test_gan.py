@@ -226,3 +226,23 @@ def test_preemption_callback_gives_sigterm_back_after_training(one_device, tmp_p
               verbose=0, callbacks=[callbacks.Preemption(one_device, manager), Probe()])
     assert seen and seen[0] is not before  # The handler's, during training.
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_networks_that_do_not_fit_together_fail_before_any_step():
+    def g(shape):
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(int(np.prod(shape))),
+                                 keras.layers.Reshape(shape)])
+
+    def d(shape, logits=1):
+        return keras.Sequential([keras.Input(shape), keras.layers.Flatten(),
+                                 keras.layers.Dense(logits)])
+
+    with pytest.raises(ValueError, match=r"samples have shape \(8, 8, 1\) but the "
+                                         r"discriminator takes \(28, 28, 1\)"):
+        gan.GAN(g((8, 8, 1)), d((28, 28, 1)), 4)
+    with pytest.raises(ValueError, match=r"logits of shape \[B, 1\] or \[B\]; "
+                                         r"Received: \[B, 3\]"):
+        gan.GAN(g((8, 8, 1)), d((8, 8, 1), logits=3), 4)
+    with pytest.raises(ValueError, match="compile"):  # Keras' own check, before any step.
+        gan.GAN(g((8, 8, 1)), d((8, 8, 1)), 4).fit(np.zeros((16, 8, 8, 1), np.float32),
+                                                    batch_size=8, verbose=0)

@@ -77,6 +77,7 @@ class GAN(keras.Model):
             generator.build((None, int(latent_dim)))
         if not discriminator.built:
             discriminator.build((None,) + tuple(generator.output_shape[1:]))
+        _check_networks(generator, discriminator)
         # Plain Keras BatchNormalization is per replica: swap in SyncBatchNormalization
         # (same weights) before the networks are tracked here (see convert.for_gan).
         from tf_gan_scale import convert
@@ -308,6 +309,26 @@ class GAN(keras.Model):
     def generate(self, z, batch_size=256):
         """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
         return generate(self.generator, z, batch_size)
+
+
+def _check_networks(generator, discriminator):
+    """Raises ValueError (one line, before any step) when D does not take G's samples or
+    does not return one logit per example."""
+    g_out = tuple(generator.output_shape[1:])
+    try:  # Subclassed models may not know their input or output shapes: skip the check.
+        d_in = tuple(discriminator.input_shape[1:])
+    except (AttributeError, ValueError, NotImplementedError):
+        d_in = g_out
+    if d_in != g_out:
+        raise ValueError(f"the generator's samples have shape {g_out} but the discriminator "
+                         f"takes {d_in}; build both for the same data shape")
+    try:
+        d_out = tuple(discriminator.compute_output_shape((None,) + g_out)[1:])
+    except (AttributeError, ValueError, NotImplementedError):
+        d_out = ()
+    if d_out not in ((), (1,)):
+        raise ValueError(f"the discriminator must return logits of shape [B, 1] or [B]; "
+                         f"Received: [B, {', '.join(map(str, d_out))}]")
 
 
 def _all_finite(variables):
