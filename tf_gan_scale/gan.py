@@ -198,8 +198,7 @@ class GAN(keras.Model):
         """One G update on a fresh latent batch of size b; returns (global mean G loss,
         finite) as `_d_update`."""
         gb = replica.global_batch_size(b)
-        z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE),
-                                replica.global_rows(b), [self.latent_dim])
+        z = latents.replica_normal(self.seed, step, latents.G_PHASE, b, [self.latent_dim])
         with tf.GradientTape() as tape:
             fake = self.generator(z, training=True)
             fake_logits = self.discriminator(fake, training=True)

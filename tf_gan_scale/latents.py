@@ -107,11 +107,6 @@ def replica_normal(seed, step, phase, per_replica_batch, shape):
     return rows_normal(key(seed, step, phase), replica.global_rows(per_replica_batch), shape)
 
 
-def replica_uniform(seed, step, phase, per_replica_batch, shape):
-    """This replica's uniform [0, 1) noise, [per_replica_batch, *shape]."""
-    return rows_uniform(key(seed, step, phase), replica.global_rows(per_replica_batch), shape)
-
-
 def global_normal(seed, step, phase, global_batch, shape):
     """The whole global batch's latents [global_batch, *shape] (for tests and tools:
     replica r's `replica_normal` equals its rows of this)."""
