@@ -25,3 +25,9 @@ class NonFiniteError(RuntimeError):
     """Training produced a NaN or inf global loss or gradient (outside mixed-float16 loss
     scaling, which skips such steps). Raised before the step's callbacks run, so no
     checkpoint holds its weights. Binaries print one line and exit with status 1."""
+
+
+class UnevenBatchError(ConfigError):
+    """A batch did not split evenly over the replicas: each replica would divide its
+    losses by a wrong global batch size. Raised before the step when the replicas of one
+    worker disagree, else right after it, before any callback (nothing of it is saved)."""

@@ -23,16 +23,15 @@ two optimizers anyway. Distributed math, in one place each:
     per layer and pass).
 """
 
-import contextlib
-import threading
-
 import keras
 import tensorflow as tf
 
 from tf_gan_scale import errors, latents, losses, penalties, replica
+from tf_gan_scale import gan_checks as checks
+from tf_gan_scale.replica import apply_global_gradients
 
-NONFINITE = "nonfinite"  # train_step output: which network went non-finite (0: none).
-NONFINITE_D, NONFINITE_G = 1, 2
+NONFINITE = "nonfinite"  # train_step output: which check failed (0: none).
+NONFINITE_D, NONFINITE_G, UNEVEN = 1, 2, 3
 
 
 def _unpack(batch):
@@ -51,6 +50,7 @@ def _unpack(batch):
     return x, tf.cast(labels, tf.int32)
 
 
+@keras.saving.register_keras_serializable(package="tf_gan_scale")
 class GAN(keras.Model):
     """A generator/discriminator pair with a distributed GAN train step.
 
@@ -67,7 +67,13 @@ class GAN(keras.Model):
             `gan.discriminator` afterwards: the models passed in are not modified.
         **kwargs: passed to keras.Model (e.g. `name`).
 
-    Calling the model, `gan(z)`, runs the generator in inference mode.
+    Calling the model, `gan(z)`, runs the generator in inference mode; so does
+    `gan.predict(z)`, distributed under the strategy. `gan.evaluate(real_data)` returns
+    the global-mean D and G losses on held-out data (`test_step`).
+
+    Saving: `gan.save("gan.keras")` then `keras.models.load_model("gan.keras")` (after
+    `import tf_gan_scale`) restores G, D, both optimizers with their state, the loss,
+    penalty, `d_steps` and the seed; `save_weights` / `load_weights` round trip too.
     """
 
     def __init__(self, generator, discriminator, latent_dim, *, seed=0,
@@ -77,7 +83,7 @@ class GAN(keras.Model):
             generator.build((None, int(latent_dim)))
         if not discriminator.built:
             discriminator.build((None,) + tuple(generator.output_shape[1:]))
-        _check_networks(generator, discriminator)
+        checks.check_networks(generator, discriminator)
         # Plain Keras BatchNormalization is per replica: swap in SyncBatchNormalization
         # (same weights) before the networks are tracked here (see convert.for_gan).
         from tf_gan_scale import convert
@@ -86,6 +92,8 @@ class GAN(keras.Model):
         self.discriminator = discriminator
         self.latent_dim = int(latent_dim)
         self.seed = int(seed)
+        self._sync_batch_norm = sync_batch_norm
+        self._eval_offset = 0  # Evaluation examples seen in this `evaluate` call.
         self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
         # The wrapper has no call graph of its own; Keras' fit would try to trace one.
@@ -93,6 +101,7 @@ class GAN(keras.Model):
 
     def get_config(self):
         return {"latent_dim": self.latent_dim, "seed": self.seed, "name": self.name,
+                "sync_batch_norm": self._sync_batch_norm,
                 "generator": keras.saving.serialize_keras_object(self.generator),
                 "discriminator": keras.saving.serialize_keras_object(self.discriminator)}
 
@@ -128,12 +137,40 @@ class GAN(keras.Model):
         self.penalty_fn = penalties.get(penalty)
         self.penalty_weight = float(penalty_weight)
         self.d_steps = int(d_steps)
+        # What `get_compile_config` saves: names stay names; a custom loss callable must be
+        # registered with keras.saving.register_keras_serializable to be reloaded.
+        self._gan_compile_config = {
+            "loss": loss if isinstance(loss, str) else keras.saving.serialize_keras_object(loss),
+            "d_steps": self.d_steps, "penalty": penalty,
+            "penalty_weight": self.penalty_weight,
+            "steps_per_execution": int(steps_per_execution)}
         # Optimizers must own their slots before the step function is traced under a
         # strategy, or the first step fails with a placeholder error.
         with self.distribute_strategy.scope():
             self.g_optimizer.build(self.generator.trainable_variables)
             self.d_optimizer.build(self.discriminator.trainable_variables)
         self.train_function = None
+
+    def get_compile_config(self):
+        """Both optimizers (with their config; their state is in the weights file), the
+        loss, penalty, d_steps and steps_per_execution: what `keras.models.load_model`
+        passes back to `compile` (Keras' default would record one unused RMSprop)."""
+        if not self.compiled:
+            return None
+        return dict(self._gan_compile_config,
+                    g_optimizer=keras.saving.serialize_keras_object(self.g_optimizer),
+                    d_optimizer=keras.saving.serialize_keras_object(self.d_optimizer))
+
+    def compile_from_config(self, config):
+        config = dict(config)
+        for name in ("g_optimizer", "d_optimizer"):
+            config[name] = keras.optimizers.deserialize(config[name])
+        if not isinstance(config["loss"], str):
+            config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
+        # Inside the strategy scope the GAN was created in: optimizer slots must be
+        # mirrored like the variables they belong to.
+        with self.distribute_strategy.scope():
+            self.compile(**config)
 
     @property
     def metrics(self):
@@ -164,9 +201,10 @@ class GAN(keras.Model):
     def _d_update(self, real, step, k):
         """One D update on this replica's real batch [B, ...].
 
-        Returns (global mean D loss, finite): the loss of the whole global batch (its
-        share rides on the gradient all-reduce) and whether it and the global gradients
-        are finite (True when a LossScaleOptimizer handles overflow itself).
+        Returns (global mean D loss, finite, global row count): the loss of the whole
+        global batch (its share rides on the gradient all-reduce, as does this replica's
+        row count, so checking the split costs no collective) and whether it and the
+        global gradients are finite (True when a LossScaleOptimizer handles overflow).
         """
         b = tf.shape(real)[0]
         gb = replica.global_batch_size(b)
@@ -191,8 +229,9 @@ class GAN(keras.Model):
             share = replica.global_mean(per_example, gb)
             loss = self.d_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.discriminator.trainable_variables)
-        return apply_global_gradients(self.d_optimizer, grads,
-                                      self.discriminator.trainable_variables, share)
+        (d_loss, count), finite = apply_global_gradients(
+            self.d_optimizer, grads, self.discriminator.trainable_variables, [share, b])
+        return d_loss, finite, count
 
     def _g_update(self, b, step):
         """One G update on a fresh latent batch of size b; returns (global mean G loss,
@@ -207,8 +246,9 @@ class GAN(keras.Model):
             share = replica.global_mean(per_example, gb)
             loss = self.g_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.generator.trainable_variables)
-        return apply_global_gradients(self.g_optimizer, grads,
-                                      self.generator.trainable_variables, share)
+        (g_loss,), finite = apply_global_gradients(
+            self.g_optimizer, grads, self.generator.trainable_variables, [share])
+        return g_loss, finite
 
     def train_step(self, data):
         """One GAN step on this replica. Runs inside `strategy.run`.
@@ -222,15 +262,22 @@ class GAN(keras.Model):
             {"d_loss": scalar, "g_loss": scalar, NONFINITE: int32 scalar}: the GLOBAL
             mean losses of this step (the last D update's for d_loss), the same on every
             replica, and 0, or NONFINITE_D / NONFINITE_G when that network's global loss
-            or gradients, or its variables after the step, were not finite.
+            or gradients, or its variables after the step, were not finite, or UNEVEN
+            when the global batch did not split evenly over the replicas (every replica
+            divided by a global batch of replicas x its own rows: wrong).
         """
         batches = (data,) if self.d_steps == 1 else tuple(data)
         step = self.step
         nonfinite = tf.constant(0, tf.int32)
         for k, batch in enumerate(batches):
             real, _ = _unpack(batch)
-            d_loss, finite = self._d_update(real, step, k)
+            d_loss, finite, count = self._d_update(real, step, k)
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
+            # Replicas' own rows differ from an even share: the local pre-step check
+            # (`make_train_function`) catches it within a worker, this across workers.
+            even = tf.equal(count, tf.cast(replica.global_batch_size(tf.shape(real)[0]),
+                                           tf.float32))
+            nonfinite = tf.where(even, nonfinite, UNEVEN)
             # Trackers hold global values on every replica: updating them is local, and
             # reading them in replica context (the step loop) needs no collective.
             self.d_loss_tracker.update_state(d_loss)
@@ -240,8 +287,8 @@ class GAN(keras.Model):
         # learning rate, activations past 1e19): check the state a checkpoint would hold.
         # Local reads of mirrored variables: no collective.
         for network, code in ((self.discriminator, NONFINITE_D), (self.generator, NONFINITE_G)):
-            nonfinite = tf.where(tf.logical_or(_all_finite(network.weights), nonfinite > 0),
-                                 nonfinite, code)
+            finite = checks.all_finite(network.weights)
+            nonfinite = tf.where(tf.logical_or(finite, nonfinite > 0), nonfinite, code)
         self.g_loss_tracker.update_state(g_loss)
         return {"d_loss": d_loss, "g_loss": g_loss, NONFINITE: nonfinite}
 
@@ -269,7 +316,10 @@ class GAN(keras.Model):
             code, at = first
             before = tf.identity(self.step)
             batches = tuple(next(iterator) for _ in range(d_steps))
-            out = strategy.run(self.train_step, args=(batches if d_steps > 1 else batches[0],))
+            # The step's ops wait for the split check: nothing is updated when it fails.
+            with tf.control_dependencies(checks.assert_even_split(strategy, batches)):
+                out = strategy.run(self.train_step,
+                                   args=(batches if d_steps > 1 else batches[0],))
             new = strategy.experimental_local_results(out[NONFINITE])[0]
             fresh = tf.logical_and(code == 0, new > 0)
             return tf.where(fresh, new, code), tf.where(fresh, before, at)
@@ -287,7 +337,18 @@ class GAN(keras.Model):
             return logs, first
 
         def train_function(iterator):
-            logs, (code, at) = compiled(iterator)
+            try:
+                logs, (code, at) = compiled(iterator)
+            except tf.errors.InvalidArgumentError as e:
+                if checks.UNEVEN_TAG not in e.message:
+                    raise
+                raise errors.UnevenBatchError(checks.uneven_message(
+                    strategy, "before generator step %d (nothing was updated)"
+                    % (int(self.step.numpy()) + 1))) from None
+            if int(code) == UNEVEN:
+                raise errors.UnevenBatchError(checks.uneven_message(
+                    strategy, f"in generator step {int(at) + 1} (its update used a wrong "
+                    f"global batch; nothing of it was saved)"))
             if int(code):
                 network = {NONFINITE_D: "discriminator", NONFINITE_G: "generator"}[int(code)]
                 raise errors.NonFiniteError(
@@ -299,6 +360,96 @@ class GAN(keras.Model):
         self.train_function = train_function
         return train_function
 
+    # ---- evaluation and inference ----------------------------------------------------
+
+    def test_step(self, data, offset=0):
+        """Global-mean losses on one held-out batch, both networks in inference mode.
+        Runs inside `strategy.run`.
+
+        Args:
+            data: a real batch as in `train_step` (labels unused); the global batch may
+                split unevenly over replicas (a last partial batch): rows are placed by
+                `replica.global_rows_uneven`.
+            offset: int32 scalar, evaluation examples before this batch in this
+                `evaluate` call. Fake example i of an evaluation comes from latents keyed
+                by (seed, i) alone (`latents.EVAL_PHASE`), so the result depends on
+                neither batch size nor topology.
+
+        Returns:
+            {"d_loss", "g_loss": running global means over the evaluation so far (the
+            adversarial losses; a gradient penalty is not part of them: it needs D in
+            training mode), "examples": int32 global rows of this batch}.
+        Collectives: one gather of row counts, one all-reduce of the two loss sums.
+        """
+        real, _ = _unpack(data)
+        b = tf.shape(real)[0]
+        rows, n = replica.global_rows_uneven(b)
+        z = latents.rows_normal(latents.key(self.seed, latents.SAMPLE_STEP,
+                                            latents.EVAL_PHASE), offset + rows,
+                                [self.latent_dim])
+        fake = self.generator(z, training=False)
+        logits = self.discriminator(tf.concat([real, fake], 0), training=False)
+        out = self.loss_fn(real_logits=logits[:b], fake_logits=logits[b:])
+        # Sums over the global batch, divided once by its size: the per-example mean, as
+        # in training, also when the replicas hold different numbers of rows.
+        sums = [tf.reduce_sum(out.d), tf.reduce_sum(out.g)]
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            sums = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums)
+        count = tf.cast(n, tf.float32)
+        # Weighted by the batch's rows: the running mean is per example over the set.
+        self.d_loss_tracker.update_state(sums[0] / count, sample_weight=count)
+        self.g_loss_tracker.update_state(sums[1] / count, sample_weight=count)
+        return {"d_loss": self.d_loss_tracker.result(),
+                "g_loss": self.g_loss_tracker.result(), "examples": n}
+
+    def make_test_function(self, force=False):
+        """`steps_per_execution` evaluation batches per call (fewer at the end of the
+        data), each through `test_step` on every replica; logs read on the first local
+        replica (the values are global)."""
+        if self.test_function is not None and not force:
+            return self.test_function
+        strategy = self.distribute_strategy
+
+        @tf.function
+        def compiled(iterator, offset):
+            out = strategy.run(self.test_step, args=(next(iterator), offset))
+            return {k: strategy.experimental_local_results(v)[0] for k, v in out.items()}
+
+        def test_function(iterator):
+            logs = None
+            for _ in range(int(self.steps_per_execution or 1)):
+                try:
+                    logs = compiled(iterator, tf.constant(self._eval_offset, tf.int32))
+                except (tf.errors.OutOfRangeError, StopIteration):
+                    if logs is None:
+                        raise  # Keras' loop ends the evaluation on it.
+                    break
+                self._eval_offset += int(logs.pop("examples"))
+            return logs
+
+        self.test_function = test_function
+        return test_function
+
+    def evaluate(self, *args, **kwargs):
+        """`keras.Model.evaluate`; every call scores the same fakes for the same data."""
+        self._eval_offset = 0
+        return super().evaluate(*args, **kwargs)
+
+    def predict_step(self, data):
+        """Generator outputs [B, *data_shape] for a batch of latents z [B, latent_dim] (or
+        (z, labels) for a generator with two inputs; an unconditional one ignores the
+        labels), in inference mode. Keras' predict loop distributes the batches and
+        concatenates the outputs in input order."""
+        if isinstance(data, (tuple, list)) and len(data) == 1:
+            data = data[0]
+        if isinstance(data, (tuple, list)):
+            z, labels = data[0], data[1]
+            inputs = [z, labels] if len(self.generator.inputs or [z]) == 2 else z
+        else:
+            inputs = data
+        return self.generator(inputs, training=False)
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras' version pulls a batch off the iterator (shifting the data order) and calls
         # strategy.reduce on it eagerly, which fails under MultiWorkerMirroredStrategy
@@ -308,109 +459,6 @@ class GAN(keras.Model):
     def generate(self, z, batch_size=256):
         """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
         return generate(self.generator, z, batch_size)
-
-
-def _check_networks(generator, discriminator):
-    """Raises ValueError (one line, before any step) when D does not take G's samples or
-    does not return one logit per example."""
-    g_out = tuple(generator.output_shape[1:])
-    try:  # Subclassed models may not know their input or output shapes: skip the check.
-        d_in = tuple(discriminator.input_shape[1:])
-    except (AttributeError, ValueError, NotImplementedError):
-        d_in = g_out
-    if d_in != g_out:
-        raise ValueError(f"the generator's samples have shape {g_out} but the discriminator "
-                         f"takes {d_in}; build both for the same data shape")
-    try:
-        d_out = tuple(discriminator.compute_output_shape((None,) + g_out)[1:])
-    except (AttributeError, ValueError, NotImplementedError):
-        d_out = ()
-    if d_out not in ((), (1,)):
-        raise ValueError(f"the discriminator must return logits of shape [B, 1] or [B]; "
-                         f"Received: [B, {', '.join(map(str, d_out))}]")
-
-
-def _all_finite(variables):
-    """True (bool scalar) when every float variable holds only finite values."""
-    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
-              if v.dtype in ("float16", "bfloat16", "float32", "float64")]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
-@tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.
-def apply_global_gradients(optimizer, grads, variables, loss=None):
-    """The gradient all-reduce of a step, for one network: ONE fused SUM of all its
-    gradients (and of this replica's share of the loss) across replicas and workers,
-    then `optimizer.apply` on the global sums.
-
-    Keras' TensorFlow optimizers would all-reduce inside `apply`, but only after their
-    clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) and, for `LossScaleOptimizer`,
-    after its inf/NaN check, so both acted on one replica's local gradients (see
-    KERAS3_DISTRIBUTE_NOTES). Reducing first makes clipping and overflow checks see the
-    same global gradients on every replica, as on one device; the optimizer's own
-    all-reduce is switched off for this call (the gradients already are the sums). The
-    loss share rides along in the same collective, so logging the global loss costs none.
-
-    Args:
-        optimizer: a Keras optimizer (or LossScaleOptimizer), built on `variables`.
-        grads: list of this replica's gradients (None for unconnected variables).
-        variables: the matching trainable variables.
-        loss: optional scalar, this replica's share of the global mean loss.
-    Returns:
-        (global loss (sum of the shares; None without `loss`), finite): `finite` is a
-        bool scalar, True when the global gradients and loss are all finite, and always
-        True for a LossScaleOptimizer (which skips such steps itself). Identical on
-        every replica.
-    Call in replica context (inside `strategy.run`) or without a strategy.
-    """
-    ctx = tf.distribute.get_replica_context()
-    live = [i for i, g in enumerate(grads) if g is not None]
-    extra = [] if loss is None else [tf.cast(loss, tf.float32)]
-    if ctx is not None and ctx.num_replicas_in_sync > 1 and (live or extra):
-        # A list all-reduces as one batch: packed into one collective by MWMS.
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                                 [grads[i] for i in live] + extra)
-        grads = list(grads)
-        for i, g in zip(live, reduced):
-            grads[i] = g
-        extra = reduced[len(live):]
-    with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
-        optimizer.apply(grads, variables)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        finite = tf.constant(True)
-    else:
-        # Global values, so every replica (and worker) reaches the same verdict.
-        checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
-                  + [tf.math.is_finite(e) for e in extra])
-        finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-    return (extra[0] if extra else None), finite
-
-
-_PASSTHROUGH_LOCK = threading.Lock()
-_PASSTHROUGH_USERS = {}
-
-
-@contextlib.contextmanager
-def _already_reduced(optimizer):
-    """While tracing inside, `optimizer`'s all-reduce passes gradients through.
-
-    `_all_reduce_sum_gradients` is where Keras' TensorFlow optimizer reduces. It is
-    shadowed in the instance __dict__ (Keras' __setattr__ would track the value), and
-    reference-counted: MirroredStrategy traces its replicas in parallel threads.
-    """
-    key = id(optimizer)
-    with _PASSTHROUGH_LOCK:
-        if not _PASSTHROUGH_USERS.get(key):
-            vars(optimizer)["_all_reduce_sum_gradients"] = list
-        _PASSTHROUGH_USERS[key] = _PASSTHROUGH_USERS.get(key, 0) + 1
-    try:
-        yield
-    finally:
-        with _PASSTHROUGH_LOCK:
-            _PASSTHROUGH_USERS[key] -= 1
-            if not _PASSTHROUGH_USERS[key]:
-                del _PASSTHROUGH_USERS[key]
-                vars(optimizer).pop("_all_reduce_sum_gradients")
 
 
 def generate(generator, z, batch_size=256):

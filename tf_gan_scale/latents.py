@@ -34,6 +34,7 @@ from tf_gan_scale import replica
 G_PHASE = 1000
 PENALTY_PHASE = 2000
 DROPOUT_PHASE = 3000  # layers.ReplicaDropout: (layer seed, call count, DROPOUT_PHASE).
+EVAL_PHASE = 4000  # GAN.test_step: (seed, SAMPLE_STEP, EVAL_PHASE), row = evaluation index.
 SAMPLE_STEP = -1  # step value used for fixed evaluation/sampling latents.
 
 

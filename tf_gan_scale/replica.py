@@ -1,12 +1,16 @@
 """Cross-replica arithmetic: the single place where losses meet the replica count.
 
-Gradients are SUMMED across replicas (`gan.apply_global_gradients`; Keras 3 optimizers do
+Gradients are SUMMED across replicas (`apply_global_gradients`; Keras 3 optimizers do
 the same inside `apply_gradients`). A per-replica loss must therefore be
 the replica's share of the global mean: sum of its per-example losses divided by the
 *global* batch size. Summed over replicas that is exactly the loss a single device would
 compute on the whole global batch, so gradients match too.
 """
 
+import contextlib
+import threading
+
+import keras
 import tensorflow as tf
 
 
@@ -76,3 +80,107 @@ def global_rows(per_replica_batch):
     chunk = (r % local) * workers + r // local
     b = tf.cast(per_replica_batch, tf.int32)
     return chunk * b + tf.range(b)
+
+
+def global_rows_uneven(per_replica_batch):
+    """`global_rows` for batches that may split unevenly over the replicas (the last,
+    partial batch of a finite evaluation set): every replica's row count is gathered
+    (ONE collective), and a replica's rows start after all chunks the pipeline orders
+    before its own (chunk k*W + w, as in `global_rows`).
+
+    Returns (rows [per_replica_batch] int32, global batch: int32 scalar, the same on
+    every replica). For evaluation, not for the training step: there batches split
+    evenly (checked) and `global_rows` needs no collective. Checked against the
+    pipeline's real rows on one worker (tests/test_gan.py); for several workers the
+    chunk order of a partial batch follows TensorFlow's rebatching (by reading, untested).
+    """
+    b = tf.cast(per_replica_batch, tf.int32)
+    ctx = tf.distribute.get_replica_context()
+    n = num_replicas()
+    if ctx is None or n == 1:
+        return tf.range(b), b
+    sizes = ctx.all_gather(tf.reshape(b, [1]), axis=0)  # [n], in replica-id order.
+    workers, local = _layout()
+    ids = tf.range(n)
+    chunk = (ids % local) * workers + ids // local  # The chunk each replica holds.
+    mine = tf.gather(chunk, tf.cast(replica_id(), tf.int32))
+    offset = tf.reduce_sum(tf.where(chunk < mine, sizes, 0))
+    return offset + tf.range(b), tf.reduce_sum(sizes)
+
+
+@tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.
+def apply_global_gradients(optimizer, grads, variables, riders=()):
+    """The gradient all-reduce of a step, for one network: ONE fused SUM of all its
+    gradients (and of a few scalars riding along) across replicas and workers, then
+    `optimizer.apply` on the global sums.
+
+    Keras' TensorFlow optimizers would all-reduce inside `apply`, but only after their
+    clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) and, for `LossScaleOptimizer`,
+    after its inf/NaN check, so both acted on one replica's local gradients (see
+    KERAS3_DISTRIBUTE_NOTES). Reducing first makes clipping and overflow checks see the
+    same global gradients on every replica, as on one device; the optimizer's own
+    all-reduce is switched off for this call (the gradients already are the sums). The
+    riders (this replica's loss share, its example count) are summed in the same
+    collective: logging the global loss and checking the batch split cost none.
+
+    Args:
+        optimizer: a Keras optimizer (or LossScaleOptimizer), built on `variables`.
+        grads: list of this replica's gradients (None for unconnected variables).
+        variables: the matching trainable variables.
+        riders: scalars to sum across replicas in the same collective (cast to float32:
+            one dtype keeps it one collective), e.g. the loss share and the row count.
+    Returns:
+        (summed riders: list of float32 scalars, finite): `finite` is a bool scalar,
+        True when the global gradients and riders are all finite, and always True for
+        a LossScaleOptimizer (which skips such steps itself). Identical on every
+        replica.
+    Call in replica context (inside `strategy.run`) or without a strategy.
+    """
+    ctx = tf.distribute.get_replica_context()
+    live = [i for i, g in enumerate(grads) if g is not None]
+    extra = [tf.cast(r, tf.float32) for r in riders]
+    if ctx is not None and ctx.num_replicas_in_sync > 1 and (live or extra):
+        # A list all-reduces as one batch: packed into one collective by MWMS.
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                 [grads[i] for i in live] + extra)
+        grads = list(grads)
+        for i, g in zip(live, reduced):
+            grads[i] = g
+        extra = reduced[len(live):]
+    with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
+        optimizer.apply(grads, variables)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        finite = tf.constant(True)
+    else:
+        # Global values, so every replica (and worker) reaches the same verdict.
+        checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
+                  + [tf.math.is_finite(e) for e in extra])
+        finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    return list(extra), finite
+
+
+_PASSTHROUGH_LOCK = threading.Lock()
+_PASSTHROUGH_USERS = {}
+
+
+@contextlib.contextmanager
+def _already_reduced(optimizer):
+    """While tracing inside, `optimizer`'s all-reduce passes gradients through.
+
+    `_all_reduce_sum_gradients` is where Keras' TensorFlow optimizer reduces. It is
+    shadowed in the instance __dict__ (Keras' __setattr__ would track the value), and
+    reference-counted: MirroredStrategy traces its replicas in parallel threads.
+    """
+    key = id(optimizer)
+    with _PASSTHROUGH_LOCK:
+        if not _PASSTHROUGH_USERS.get(key):
+            vars(optimizer)["_all_reduce_sum_gradients"] = list
+        _PASSTHROUGH_USERS[key] = _PASSTHROUGH_USERS.get(key, 0) + 1
+    try:
+        yield
+    finally:
+        with _PASSTHROUGH_LOCK:
+            _PASSTHROUGH_USERS[key] -= 1
+            if not _PASSTHROUGH_USERS[key]:
+                del _PASSTHROUGH_USERS[key]
+                vars(optimizer).pop("_all_reduce_sum_gradients")

@@ -1,0 +1,62 @@
+"""Checks around the GAN step: each problem is one error naming it, before the first step
+where it can be seen (networks that do not fit together, a batch that does not split over
+the replicas) or right after the step, before any callback (non-finite state)."""
+
+import tensorflow as tf
+
+UNEVEN_TAG = "tf_gan_scale: uneven batch split"  # Marks the pre-step assertion's message.
+
+
+def assert_even_split(strategy, batches):
+    """Before a training step: this worker's replicas must hold equal numbers of rows.
+    Returns the assertion ops: the step runs under a control dependency on them, so
+    nothing is updated when one fails. (`GAN.train_step` checks the global row count too,
+    which sees other workers' replicas.)"""
+    checks = []
+    if strategy.num_replicas_in_sync == 1:
+        return checks
+    for batch in batches:
+        first = tf.nest.flatten(batch)[0]
+        sizes = [tf.shape(v)[0] for v in strategy.experimental_local_results(first)]
+        if len(sizes) > 1:
+            sizes = tf.stack(sizes)
+            checks.append(tf.debugging.Assert(tf.reduce_all(tf.equal(sizes, sizes[0])),
+                                              [UNEVEN_TAG, sizes]))
+    return checks
+
+
+def uneven_message(strategy, when):
+    """The one-line error for a batch that did not split evenly over the replicas."""
+    n = strategy.num_replicas_in_sync
+    return (f"a batch did not split evenly over the {n} replicas {when}: every replica "
+            f"must get the same number of examples, or losses and gradients are scaled "
+            f"by a wrong global batch size; batch with a global batch size divisible by "
+            f"{n} and drop_remainder=True (NumPy input: a batch_size divisible by {n} and "
+            f"a number of examples divisible by batch_size)")
+
+
+def check_networks(generator, discriminator):
+    """Raises ValueError (one line, before any step) when D does not take G's samples or
+    does not return one logit per example."""
+    g_out = tuple(generator.output_shape[1:])
+    try:  # Subclassed models may not know their input or output shapes: skip the check.
+        d_in = tuple(discriminator.input_shape[1:])
+    except (AttributeError, ValueError, NotImplementedError):
+        d_in = g_out
+    if d_in != g_out:
+        raise ValueError(f"the generator's samples have shape {g_out} but the discriminator "
+                         f"takes {d_in}; build both for the same data shape")
+    try:
+        d_out = tuple(discriminator.compute_output_shape((None,) + g_out)[1:])
+    except (AttributeError, ValueError, NotImplementedError):
+        d_out = ()
+    if d_out not in ((), (1,)):
+        raise ValueError(f"the discriminator must return logits of shape [B, 1] or [B]; "
+                         f"Received: [B, {', '.join(map(str, d_out))}]")
+
+
+def all_finite(variables):
+    """True (bool scalar) when every float variable holds only finite values."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
+              if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
