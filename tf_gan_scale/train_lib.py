@@ -178,12 +178,14 @@ def load_run(workdir):
     return ml_collections.ConfigDict(run["config"]), tuple(run["data_shape"])
 
 
-def _write_run(workdir, config, source):
+def write_run(workdir, config, data_shape, source=None):
+    """Records the run's config and data shape in workdir (what `load_run` reads)."""
     path = os.path.join(workdir, RUN_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"config": json.loads(config.to_json()), "data_shape": list(source.shape),
-                   "num_classes": source.num_classes, "source": source.name}, f, indent=2)
+        json.dump({"config": json.loads(config.to_json()), "data_shape": list(data_shape),
+                   "num_classes": source.num_classes if source else None,
+                   "source": source.name if source else config.data.source}, f, indent=2)
     os.replace(tmp, path)
 
 
@@ -235,7 +237,7 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
     cbs = [callbacks.StopAtStep(t.num_steps), callbacks.Checkpoint(manager, t.checkpoint_every),
            callbacks.Preemption(strategy, manager)]
     if chief:
-        _write_run(out_dir, config, source)
+        write_run(out_dir, config, source.shape, source)
         writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
         reference = None
         if source.arrays is not None and len(source.shape) == 1 and source.shape[0] == 2:

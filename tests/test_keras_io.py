@@ -1,0 +1,86 @@
+"""tools/keras_file.py: training-run checkpoints <-> .keras files, both ways, exactly."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import TINY, run_cmd
+from mw_helpers import assert_same_checkpoint, checkpoint_arrays
+
+pytestmark = pytest.mark.slow
+
+
+def tool(*args):
+    return run_cmd(["tools/keras_file.py", *args])
+
+
+def one_json_line(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    return json.loads(lines[0])
+
+
+def train(workdir, steps):
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
+                    f"--config.train.num_steps={steps}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_checkpoint_to_keras_and_back_resumes_as_if_never_converted(tmp_path):
+    run, copy, straight = tmp_path / "run", tmp_path / "copy", tmp_path / "straight"
+    train(run, 5)
+    info = one_json_line(tool(f"--workdir={run}", f"--to_keras={tmp_path / 'gan.keras'}"))
+    assert info["step"] == 5 and info["checkpoint"].endswith("ckpt-5")
+    info = one_json_line(tool(f"--from_keras={tmp_path / 'gan.keras'}", f"--workdir={copy}",
+                              *TINY))
+    assert info["step"] == 5 and info["checkpoint"].endswith("ckpt-5")
+    # The round trip holds every variable of the checkpoint, bit for bit ...
+    assert_same_checkpoint(checkpoint_arrays(copy, 5), checkpoint_arrays(run, 5), atol=0)
+    # ... so resuming from the converted run equals never stopping.
+    train(copy, 10)
+    train(straight, 10)
+    assert_same_checkpoint(checkpoint_arrays(copy, 10), checkpoint_arrays(straight, 10),
+                           atol=1e-6)
+    # And the .keras file samples what the checkpoint samples.
+    sample = run_cmd(["tools/sample.py", f"--workdir={run}", "--num_samples=4",
+                      f"--output={tmp_path / 's.npy'}"])
+    assert sample.returncode == 0, sample.stderr[-2000:]
+    load = run_cmd(["-c", "import tf_gan_scale, keras, numpy as np; from tf_gan_scale import "
+                    "latents; m = keras.models.load_model(%r); np.save(%r, m.predict("
+                    "latents.fixed(0, 4, m.latent_dim).numpy(), verbose=0))"
+                    % (str(tmp_path / "gan.keras"), str(tmp_path / "k.npy"))])
+    assert load.returncode == 0, load.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "k.npy"), np.load(tmp_path / "s.npy"),
+                               atol=1e-6)
+
+
+def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
+    run = tmp_path / "run"
+    train(run, 2)
+    keras_file = tmp_path / "gan.keras"
+    one_json_line(tool(f"--workdir={run}", f"--to_keras={keras_file}"))
+    before = keras_file.read_bytes()
+    cases = [
+        ([f"--workdir={run}", f"--to_keras={keras_file}"], "already exists"),
+        ([f"--workdir={run}", f"--to_keras={tmp_path / 'gan.h5'}"], "must end in .keras"),
+        ([f"--workdir={tmp_path / 'none'}", f"--to_keras={tmp_path / 'x.keras'}"],
+         "no training run"),
+        ([f"--from_keras={keras_file}", f"--workdir={run}", *TINY], "already holds checkpoints"),
+        ([f"--from_keras={keras_file}", f"--workdir={tmp_path / 'new'}"], "needs --config"),
+        ([f"--from_keras={keras_file}", f"--workdir={tmp_path / 'new'}",
+          *[a for a in TINY if "d_norm" not in a]],  # D without its batch norm.
+         "discriminator does not match the config"),
+        ([f"--from_keras={keras_file}", f"--workdir={tmp_path / 'new'}", *TINY,
+          "--config.train.d_steps=0"], "d_steps"),
+        ([f"--workdir={run}"], "exactly one of"),
+    ]
+    for args, message in cases:
+        proc = tool(*args)
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        lines = proc.stderr.strip().splitlines()
+        assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-3:])
+    assert keras_file.read_bytes() == before
+    assert not (tmp_path / "new" / "checkpoints").exists()
+    assert not (tmp_path / "x.keras").exists()

@@ -1,0 +1,108 @@
+"""Training-binary checkpoints <-> `.keras` files (tools/keras_file.py).
+
+    info = keras_io.workdir_to_keras("runs/digits", "digits.keras")
+    info = keras_io.keras_to_workdir("digits.keras", config, "runs/digits_more")
+
+A run's checkpoint holds both networks and both optimizers (their slots and the step, which
+is `g_optimizer.iterations`); a `GAN.save` file holds the same plus the settings. The first
+call loads the latest checkpoint into the GAN that the run's config builds and saves it; the
+second copies a `.keras` GAN's weights and optimizer state into the GAN that `config` builds
+and writes them as checkpoint `ckpt-STEP` of a new workdir, from which
+`python -m tf_gan_scale.main --config=... --workdir=...` resumes (and `tools/sample.py`
+samples). Both refuse to overwrite anything, check that the two models match weight by
+weight, and write to a temporary name renamed at the end.
+"""
+
+import os
+import re
+import shutil
+import tempfile
+
+import keras
+import tensorflow as tf
+
+from tf_gan_scale import errors, train_lib
+
+
+def _check_keras_path(path, *, exists):
+    if not str(path).endswith(".keras"):
+        raise errors.ConfigError(f"a Keras model file must end in .keras; Received: {path!r}")
+    if exists and not os.path.isfile(path):
+        raise errors.ConfigError(f"no such .keras file: {path!r}")
+    if not exists and os.path.lexists(path):
+        raise errors.ConfigError(f"{path!r} already exists; choose a new file name")
+
+
+def workdir_to_keras(workdir, output):
+    """Saves the latest checkpoint of the run in `workdir` as a `.keras` file.
+
+    Returns {"step", "checkpoint", "output"}. Bad input (no run, no checkpoint, an
+    existing output) raises ConfigError before anything is written.
+    """
+    _check_keras_path(output, exists=False)
+    config, data_shape = train_lib.load_run(workdir)
+    model = train_lib.build_gan(config, data_shape)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()))
+    if path is None:
+        raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
+    target = os.path.abspath(output)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-",
+                           dir=os.path.dirname(target))
+    try:
+        saved = os.path.join(tmp, "model.keras")
+        model.save(saved)
+        _check_keras_path(target, exists=False)  # Nobody wrote there meanwhile.
+        os.rename(saved, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"step": int(model.step.numpy()), "checkpoint": path, "output": os.fspath(output)}
+
+
+def _copy(what, targets, sources):
+    """Assigns source variables to target variables, in order; ConfigError on a mismatch."""
+    targets, sources = list(targets), list(sources)
+    shapes = lambda vs: [tuple(v.shape) for v in vs]  # noqa: E731
+    if shapes(targets) != shapes(sources):
+        raise errors.ConfigError(
+            f"the .keras {what} does not match the config's: {len(sources)} variables of "
+            f"shapes {shapes(sources)[:6]}... vs {len(targets)} of {shapes(targets)[:6]}...; "
+            f"pass the config the model was built with")
+    for t, s in zip(targets, sources):
+        t.assign(s.numpy())
+
+
+def keras_to_workdir(keras_path, config, workdir):
+    """Writes the GAN saved in `keras_path` as checkpoint ckpt-STEP of a new run in
+    `workdir` (absent or without checkpoints), for the model `config` builds.
+
+    Returns {"step", "checkpoint", "workdir"}. The config must build the same networks and
+    optimizers (same architecture and sizes, same optimizer types); its data source must
+    have the .keras generator's output shape, checked when the binary resumes.
+    """
+    _check_keras_path(keras_path, exists=True)
+    train_lib.validate(config, 1)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if tf.train.latest_checkpoint(ckpt_dir) is not None:
+        raise errors.ConfigError(f"{workdir!r} already holds checkpoints; choose a new "
+                                 f"--workdir (nothing is overwritten)")
+    try:
+        source = keras.models.load_model(keras_path)
+    except (ValueError, TypeError, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise errors.ConfigError(f"cannot load {keras_path!r} as a GAN: {first[:300]}") from None
+    data_shape = tuple(source.generator.output_shape[1:])
+    model = train_lib.build_gan(config, data_shape)
+    _copy("generator", model.generator.variables, source.generator.variables)
+    _copy("discriminator", model.discriminator.variables, source.discriminator.variables)
+    _copy("g_optimizer", model.g_optimizer.variables, source.g_optimizer.variables)
+    _copy("d_optimizer", model.d_optimizer.variables, source.d_optimizer.variables)
+    step = int(model.step.numpy())
+    checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
+    os.makedirs(workdir, exist_ok=True)
+    train_lib.write_run(workdir, config, data_shape)
+    path = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=None).save(
+        checkpoint_number=step)
+    assert re.search(r"ckpt-\d+$", path), path
+    return {"step": step, "checkpoint": path, "workdir": os.fspath(workdir)}
