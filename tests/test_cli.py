@@ -159,3 +159,13 @@ def test_non_finite_training_stops_with_one_line_and_keeps_the_last_good_checkpo
         if np.issubdtype(np.asarray(value).dtype, np.floating):
             assert np.isfinite(value).all(), name
     assert not glob.glob(str(workdir / "checkpoints" / "ckpt-3*"))
+
+
+def test_a_repeated_config_override_means_its_last_value():
+    # ml_collections concatenated a repeated tuple override into six widths.
+    from tf_gan_scale import cli
+    argv = ["main", "--config=c.py", "--config.model.g_channels=(32,16,8)", "--workdir=w",
+            "--config.train.num_steps=3", "--config.model.g_channels=(16,8,4)"]
+    assert cli.last_override_wins(argv) == [
+        "main", "--config=c.py", "--workdir=w", "--config.train.num_steps=3",
+        "--config.model.g_channels=(16,8,4)"]

@@ -58,6 +58,22 @@ def _unknown_override(argv):
     return None
 
 
+def last_override_wins(argv):
+    """argv with only the last `--config.KEY=VALUE` of each KEY (at its place).
+
+    absl keeps the last value of a repeated scalar override, but ml_collections
+    concatenates a repeated tuple override ((32,16,8) then (16,8,4) gave six widths):
+    the last one wins for every key.
+    """
+    last = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config.") and "=" in arg:
+            last[arg.split("=", 1)[0]] = i
+    return [arg for i, arg in enumerate(argv)
+            if not (arg.startswith("--config.") and "=" in arg)
+            or last[arg.split("=", 1)[0]] == i]
+
+
 def _parse_flags(argv):
     # absl would print the usage text and exit 1; a bad flag, config file or config
     # override (a typo under lock_config) is bad input: one line, exit 2.
@@ -66,6 +82,7 @@ def _parse_flags(argv):
         # absl would say "The flag 'config.train.num_steps' is defined twice".
         fail(f"--config given {len(paths)} times ({', '.join(map(repr, paths))}); pass one "
              f"config file and change its keys with --config.KEY=VALUE")
+    argv = last_override_wins(argv)
     path = _config_path(argv)
     if path is not None and not os.path.isfile(path):
         fail(f"cannot load --config={path!r}: no such file")
