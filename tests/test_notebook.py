@@ -23,3 +23,11 @@ def test_fit_notebook_runs(tmp_path):
     assert "generator steps: 6" in proc.stdout
     assert "samples (64, 8, 8, 1)" in proc.stdout
     assert (tmp_path / "notebook_samples.png").stat().st_size > 100
+    # The user's keras.layers.BatchNormalization (2 in G, 1 in D) became cross-replica.
+    assert "['SyncBatchNormalization', 'SyncBatchNormalization']" in proc.stdout
+    assert "val_d_loss [" in proc.stdout
+    assert (tmp_path / "log.csv").read_text().count("\n") == 3  # Header + 2 epochs.
+    assert (tmp_path / "gan_epoch2.keras").stat().st_size > 1000
+    assert "reloaded step 6 same samples: True" in proc.stdout
+    assert "evaluate: {'d_loss':" in proc.stdout
+    assert "continued to step 8" in proc.stdout
