@@ -7,6 +7,8 @@ Public API:
     distribute               strategies by name, logical CPU devices
     losses, penalties        per-example GAN losses and regularizers by name
     latents                  the one place that owns training randomness
+    keras_io                 training-run checkpoints <-> .keras files
+    metrics                  FID, KID, Inception Score, precision/recall, feature statistics
 
 `import tf_gan_scale` registers `GAN` and the framework's layers with Keras, so
 `keras.models.load_model("gan.keras")` needs nothing else.
