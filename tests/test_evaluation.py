@@ -1,0 +1,114 @@
+"""evaluation.py: FID / KID / IS / PR sharded over replicas equal one device, and equal
+the metrics computed directly on the features of the same examples."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from test_gan import LATENT
+from tf_gan_scale import architectures, data, errors, evaluation, latents, metrics
+
+N = 37  # Not a multiple of the batch: the last batch is padded (rows -1).
+ALL = ("fid", "kid", "is", "pr")
+
+
+class TinyExtractor:
+    """The extractor interface (metrics.extractors) around a tiny seeded convnet."""
+
+    name = "test:tiny"
+    feature_dim = 6
+    num_classes = 3
+
+    def __init__(self):
+        keras.utils.set_random_seed(1)
+        self.body = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3),
+                                      keras.layers.Flatten(),
+                                      keras.layers.Dense(6, activation="tanh")])
+        self.head = keras.layers.Dense(3, activation="softmax")
+        self.head.build((None, 6))
+
+    def __call__(self, images):
+        features = self.body(images, training=False)
+        return {"features": features, "probs": self.head(features)}
+
+
+def setup(strategy):
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        g, _ = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
+                                   g_channels=(16, 8, 4), d_channels=(4, 8))
+        return g, TinyExtractor()
+
+
+def score(strategy, **kw):
+    g, extractor = setup(strategy)
+    source = data.load("embedded:digits")
+    return evaluation.evaluate(g, LATENT, source, extractor, strategy, num_samples=N,
+                               seed=3, metrics=ALL, batch_size=16, **kw)
+
+
+def test_scores_equal_the_metrics_of_the_same_examples_on_one_device(one_device):
+    got = score(one_device)
+    g, extractor = setup(one_device)
+    fake = extractor(g(latents.fixed(3, N, LATENT), training=False))
+    x = data.load("embedded:digits").arrays["x"][:N]
+    real = extractor(tf.constant(data.sources.to_float(x)))
+    np.testing.assert_allclose(
+        got["fid"], metrics.fid_from_features(real["features"].numpy(),
+                                              fake["features"].numpy()), rtol=1e-6)
+    kid = metrics.kid(real["features"].numpy(), fake["features"].numpy(), subset_size=N,
+                      seed=3)
+    # Subsets of all N examples are all the same set: std is rounding (atol).
+    np.testing.assert_allclose([got["kid"]["mean"], got["kid"]["std"]], [kid.mean, kid.std],
+                               rtol=1e-6, atol=1e-9)
+    inception = metrics.inception_score(fake["probs"].numpy(), splits=10)
+    np.testing.assert_allclose(got["is"]["mean"], inception.mean, rtol=1e-6)
+    pr = metrics.precision_recall(real["features"].numpy(), fake["features"].numpy())
+    assert (got["precision"], got["recall"]) == (pr.precision, pr.recall)
+    assert got["extractor"] == "test:tiny" and got["num_samples"] == N
+    # The check can fail: fakes from other latents score differently.
+    other = evaluation.evaluate(g, LATENT, data.load("embedded:digits"), extractor,
+                                one_device, num_samples=N, seed=4, metrics=("fid",),
+                                batch_size=16)
+    assert abs(other["fid"] - got["fid"]) > 1e-3
+
+
+def test_two_replicas_score_what_one_device_scores(one_device, mirrored2):
+    one, two = score(one_device), score(mirrored2)
+    for key in ("fid", "precision", "recall"):
+        np.testing.assert_allclose(two[key], one[key], rtol=1e-6)
+    for key in ("kid", "is"):
+        np.testing.assert_allclose([two[key]["mean"], two[key]["std"]],
+                                   [one[key]["mean"], one[key]["std"]], rtol=1e-6, atol=1e-9)
+
+
+def test_reference_statistics_are_cached_and_reused(one_device, tmp_path):
+    g, extractor = setup(one_device)
+    source = data.load("embedded:digits")
+    ref = evaluation.reference(source, extractor, one_device, num_samples=N, batch_size=16,
+                               cache_dir=str(tmp_path))
+    files = list(tmp_path.glob("reference-*.npz"))
+    assert len(files) == 1
+    # A cached file is what is used next time: alter it and see the alteration come back.
+    with np.load(files[0]) as f:
+        altered = {k: f[k] for k in f.files}
+    altered["mu"] = altered["mu"] + 1.0
+    np.savez(files[0], **altered)
+    again = evaluation.reference(source, extractor, one_device, num_samples=N, batch_size=16,
+                                 cache_dir=str(tmp_path))
+    np.testing.assert_allclose(again["mu"], ref["mu"] + 1.0)
+    x = data.sources.to_float(source.arrays["x"][:N])
+    mu, _ = metrics.feature_statistics(extractor(tf.constant(x))["features"].numpy())
+    np.testing.assert_allclose(ref["mu"], mu, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_metric_names_and_is_without_probabilities():
+    with pytest.raises(errors.ConfigError, match="unknown metric 'fdi'; valid: fid, is, kid"):
+        evaluation.check_metrics("fid,fdi")
+
+    class NoProbs:
+        name, num_classes = "x.keras", None
+
+    with pytest.raises(errors.ConfigError, match="metric 'is' needs class probabilities"):
+        evaluation.check_metrics(("is",), NoProbs())
