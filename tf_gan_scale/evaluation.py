@@ -169,7 +169,8 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
             with np.load(path) as f:
                 return {k: f[k] for k in f.files}
     gb = _global_batch(strategy, batch_size)
-    stats, kept = _stream(strategy, _padded(real_examples(source, num_samples), gb), lambda b: b["x"], extractor, keep)
+    stats, kept = _stream(strategy, _padded(real_examples(source, num_samples), gb),
+                          lambda b: b["x"], extractor, keep)
     mu, sigma = stats.result()
     ref = {"mu": mu, "sigma": sigma, "num_samples": np.int64(num_samples), **(kept or {})}
     if path and write_cache:
