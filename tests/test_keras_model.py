@@ -210,3 +210,38 @@ def test_uneven_rows_across_workers_are_caught_after_the_step(mirrored2):
     out = tf.function(lambda b: mirrored2.run(model.train_step, args=(b,)))(batch)
     codes = [int(v) for v in mirrored2.experimental_local_results(out[gan.NONFINITE])]
     assert codes == [gan.UNEVEN, gan.UNEVEN]
+
+
+def test_evaluate_reports_fid_across_replicas_with_a_keras_extractor(one_device, mirrored2,
+                                                                    tmp_path):
+    from tf_gan_scale import metrics
+    keras.utils.set_random_seed(2)
+    classifier = keras.Sequential([
+        keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.Flatten(), keras.layers.Dense(6, activation="tanh"),
+        keras.layers.Dense(10, activation="softmax")])
+    path = str(tmp_path / "classifier.keras")
+    classifier.save(path)
+    x = held_out()
+    fids = []
+    for strategy in (one_device, mirrored2):
+        model = make(strategy, dropout=0.0)
+        with strategy.scope():
+            model.compile(g_optimizer="sgd", d_optimizer="sgd", fid_extractor=path)
+        logs = model.evaluate(x, batch_size=16, verbose=0, return_dict=True)
+        fids.append(logs["fid"])
+    np.testing.assert_allclose(fids[1], fids[0], rtol=1e-6)
+    # The direct computation: features (the layer before the softmax) of the same reals
+    # and of fakes i from latents (seed, EVAL_PHASE, i).
+    features = keras.Model(classifier.inputs, classifier.layers[-2].output)
+    z = latents.rows_normal(latents.key(model.seed, latents.SAMPLE_STEP, latents.EVAL_PHASE),
+                            tf.range(len(x)), [LATENT])
+    fake = model.generator(z, training=False)
+    expected = metrics.fid_from_features(features(x).numpy(), features(fake).numpy())
+    np.testing.assert_allclose(fids[0], expected, rtol=1e-5)
+    # The extractor is part of the saved compile config.
+    model.save(str(tmp_path / "gan.keras"))
+    with mirrored2.scope():
+        loaded = keras.models.load_model(str(tmp_path / "gan.keras"))
+    logs = loaded.evaluate(x, batch_size=16, verbose=0, return_dict=True)
+    np.testing.assert_allclose(logs["fid"], fids[1], rtol=1e-6)

@@ -28,6 +28,7 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tf_gan_scale import errors, latents
 from tf_gan_scale import metrics as metrics_lib
@@ -226,3 +227,33 @@ def format_scores(scores):
                          else f"{key} {v:.4g}")
     return (", ".join(parts) + f" [extractor {scores['extractor']}, "
             f"{scores['num_samples']} samples]")
+
+
+class FidStreams:
+    """For `GAN.evaluate` with `compile(fid_extractor=...)`: float64 feature sums of the
+    real and the fake examples `test_step` sees, per replica (`metrics.FeatureStats`: one
+    all-reduce each at the end). A plain object, not a Keras or tf.Module attribute of the
+    GAN: its state is not part of the model's weights. Create it in the GAN's strategy."""
+
+    def __init__(self, model, spec):
+        from tf_gan_scale.metrics import extractors
+        shape = tuple(model.generator.output_shape[1:])
+        with model.distribute_strategy.scope():
+            self.extractor = (extractors.get(spec, shape) if isinstance(spec, str)
+                              else spec)
+            self.real = metrics_lib.FeatureStats(self.extractor.feature_dim)
+            self.fake = metrics_lib.FeatureStats(self.extractor.feature_dim)
+
+    def update(self, real, fake):
+        """In replica context: real / fake images [B, *data_shape]."""
+        self.real.update(self.extractor(real)["features"])
+        self.fake.update(self.extractor(fake)["features"])
+
+    def reset(self):
+        self.real.reset()
+        self.fake.reset()
+
+    def result(self):
+        fid = metrics_lib.frechet_distance(*self.fake.result(), *self.real.result())
+        logging.info("fid %.4g [extractor %s]", fid, self.extractor.name)
+        return fid

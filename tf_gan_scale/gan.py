@@ -113,7 +113,7 @@ class GAN(keras.Model):
         return cls(g, d, **config)
 
     def compile(self, *, g_optimizer, d_optimizer, loss="hinge", d_steps=1, penalty="none",
-                penalty_weight=0.0, steps_per_execution=1):
+                penalty_weight=0.0, steps_per_execution=1, fid_extractor=None):
         """Configures training.
 
         Args:
@@ -123,6 +123,10 @@ class GAN(keras.Model):
             penalty: a name in penalties.PENALTIES ("none", "wgan_gp", "r1").
             penalty_weight: float, multiplies the per-example penalty in the D loss.
             steps_per_execution: int >= 1, training steps per call of the step function.
+            fid_extractor: optional extractor spec (`metrics.extractors.get`: a .keras
+                file, "inception_v3", "fid_inception:PATH.pb"): `evaluate` then also
+                reports "fid" between the data it is given and as many fakes, computed
+                across replicas (the extractor's name is logged with it).
         """
         if int(d_steps) < 1:
             raise ValueError(f"d_steps must be >= 1; Received: d_steps={d_steps}")
@@ -143,7 +147,12 @@ class GAN(keras.Model):
             "loss": loss if isinstance(loss, str) else keras.saving.serialize_keras_object(loss),
             "d_steps": self.d_steps, "penalty": penalty,
             "penalty_weight": self.penalty_weight,
-            "steps_per_execution": int(steps_per_execution)}
+            "steps_per_execution": int(steps_per_execution), "fid_extractor": None}
+        self._fid = None
+        if fid_extractor:
+            from tf_gan_scale import evaluation
+            self._fid = evaluation.FidStreams(self, fid_extractor)
+            self._gan_compile_config["fid_extractor"] = self._fid.extractor.name
         # Optimizers must own their slots before the step function is traced under a
         # strategy, or the first step fails with a placeholder error.
         with self.distribute_strategy.scope():
@@ -400,6 +409,8 @@ class GAN(keras.Model):
         # Weighted by the batch's rows: the running mean is per example over the set.
         self.d_loss_tracker.update_state(sums[0] / count, sample_weight=count)
         self.g_loss_tracker.update_state(sums[1] / count, sample_weight=count)
+        if self._fid is not None:
+            self._fid.update(real, fake)
         return {"d_loss": self.d_loss_tracker.result(),
                 "g_loss": self.g_loss_tracker.result(), "examples": n}
 
@@ -432,9 +443,17 @@ class GAN(keras.Model):
         return test_function
 
     def evaluate(self, *args, **kwargs):
-        """`keras.Model.evaluate`; every call scores the same fakes for the same data."""
+        """`keras.Model.evaluate`; every call scores the same fakes for the same data.
+        With `compile(fid_extractor=...)` the logs gain "fid" (last in a list result)."""
         self._eval_offset = 0
-        return super().evaluate(*args, **kwargs)
+        if self._fid is None:
+            return super().evaluate(*args, **kwargs)
+        self._fid.reset()
+        logs = super().evaluate(*args, **kwargs)
+        fid = self._fid.result()
+        if isinstance(logs, dict):
+            return dict(logs, fid=fid)
+        return (list(logs) if isinstance(logs, (list, tuple)) else [logs]) + [fid]
 
     def predict_step(self, data):
         """Generator outputs [B, *data_shape] for a batch of latents z [B, latent_dim] (or
