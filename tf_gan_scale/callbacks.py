@@ -4,6 +4,7 @@ All of them read the step from `model.step` (the generator optimizer's iteration
 so they agree with the checkpoint numbering after a resume.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -55,6 +56,37 @@ class _Every(keras.callbacks.Callback):
 
     def fire(self, step, logs):
         raise NotImplementedError
+
+
+class Evaluate(_Every):
+    """Scores the generator every `every` steps and when training ends.
+
+    `score()` returns evaluation.evaluate's dict; it runs collectives, so this callback
+    runs on EVERY worker. The chief (given `writer` and `path`) writes TensorBoard scalars
+    `eval/<metric>` and appends {"step", **scores} as one JSON line to `path`.
+    """
+
+    at_end = True
+
+    def __init__(self, every, score, writer=None, path=None):
+        super().__init__(every)
+        self.score, self.writer, self.path = score, writer, path
+
+    def fire(self, step, logs):
+        from tf_gan_scale import evaluation
+        scores = self.score()
+        logging.info("step %d: %s", step, evaluation.format_scores(scores))
+        if self.writer is not None:
+            with self.writer.as_default():
+                for name, value in scores.items():
+                    if isinstance(value, dict):
+                        value = value["mean"]
+                    if isinstance(value, float):
+                        tf.summary.scalar(f"eval/{name}", value, step=step)
+            self.writer.flush()
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": step, **scores}) + "\n")
 
 
 class StopAtStep(keras.callbacks.Callback):

@@ -51,4 +51,15 @@ def base():
     c.train.keep_checkpoints = 3
     c.train.sample_every = 500
     c.train.log_every = 100           # TensorBoard scalars; one progress bar per block.
+
+    # Scoring during training (evaluation.py); tools/evaluate.py scores a checkpoint.
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 0                  # Generator steps between evaluations; 0: none.
+    c.eval.extractor = ""             # inception_v3 | fid_inception:PATH.pb | PATH.keras
+    c.eval.extractor_weights = ""     # inception_v3 weights file (else the Keras cache).
+    c.eval.metrics = "fid"            # Comma-separated: fid, kid, is, pr.
+    c.eval.num_samples = 10000        # Generated and real examples (real: the first N).
+    c.eval.batch_size = 256           # Global evaluation batch.
+    c.eval.seed = 0                   # Fake example i comes from latents (seed, i).
+    c.eval.cache_dir = ""             # Reference statistics; "" = ~/.cache/tf_gan_scale.
     return c

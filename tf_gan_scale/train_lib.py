@@ -11,7 +11,8 @@ Workdir layout:
     run.json                     the config, data shape and classes (for tools/sample.py)
     checkpoints/ckpt-STEP.*      G, D, both optimizers (and so the step)
     samples/step_XXXXXXX.png     sample grids from fixed latents
-    logs/                        TensorBoard event files
+    logs/                        TensorBoard event files (eval/<metric> with config.eval)
+    eval.jsonl                   one line of scores per evaluation (config.eval.every > 0)
 """
 
 import json
@@ -128,6 +129,55 @@ def _check_numbers(config):
             raise bad(key, widths, "a non-empty tuple of integers >= 1")
 
 
+def _check_eval(e):
+    """config.eval: names and numbers (the extractor itself is loaded before training)."""
+    if e is None:
+        return
+    from tf_gan_scale import evaluation
+    for key, low in (("every", 0), ("num_samples", 2), ("batch_size", 1)):
+        if not _is_int(e[key]) or e[key] < low:
+            raise errors.ConfigError(
+                f"config.eval.{key} must be an integer >= {low}; Received: {e[key]!r}")
+    if e.every > 0:
+        evaluation.check_metrics(e.metrics)
+        if not e.extractor:
+            raise errors.ConfigError(
+                "config.eval.every > 0 needs config.eval.extractor: inception_v3, "
+                "fid_inception:PATH.pb or PATH.keras (e.g. from tools/train_classifier.py)")
+
+
+def cache_dir(path=""):
+    """Where reference statistics are cached: `path`, else $XDG_CACHE_HOME or ~/.cache."""
+    if path:
+        return path
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "tf_gan_scale", "reference")
+
+
+def make_scorer(config, model, source, strategy, *, chief=True):
+    """A function scoring `model.generator` with config.eval (evaluation.evaluate); builds
+    the extractor now (inside the strategy scope) so a bad one fails before training."""
+    from tf_gan_scale import evaluation
+    from tf_gan_scale.metrics import extractors
+    e = config.eval
+    names = evaluation.check_metrics(e.metrics)
+    if e.num_samples > source.num_examples:
+        raise errors.ConfigError(f"config.eval.num_samples={e.num_samples} is more than the "
+                                 f"{source.num_examples} examples of {source.name}")
+    with strategy.scope():
+        extractor = extractors.get(e.extractor, source.shape,
+                                   weights=e.extractor_weights or None)
+    evaluation.check_metrics(names, extractor)
+
+    def score():
+        return evaluation.evaluate(
+            model.generator, model.latent_dim, source, extractor, strategy,
+            num_samples=e.num_samples, seed=e.seed, metrics=names, batch_size=e.batch_size,
+            cache_dir=cache_dir(e.cache_dir), write_cache=chief)
+
+    return score
+
+
 def validate(config, num_replicas):
     """Cheap checks of names and numbers, before any data is read or the workdir touched.
 
@@ -145,6 +195,7 @@ def validate(config, num_replicas):
             raise errors.ConfigError(
                 f"config.train.{key}={t[key]} is not a multiple of config.train."
                 f"steps_per_execution={t.steps_per_execution}")
+    _check_eval(config.get("eval"))
     if t.global_batch_size % num_replicas:
         raise errors.ConfigError(
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
@@ -207,8 +258,11 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     # Data position: each generator step consumed d_steps global batches.
     dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
                                 seed=config.seed, start_batch=start * t.d_steps)
-    # --- nothing above wrote to the workdir -------------------------------------------
     chief = distribute.is_chief(strategy)
+    score = None
+    if config.get("eval") is not None and config.eval.every > 0:
+        score = make_scorer(config, model, source, strategy, chief=chief)
+    # --- nothing above wrote to the workdir -------------------------------------------
     logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples)",
                  f"resumed {restored}" if restored else "starting", start, t.num_steps,
                  strategy.num_replicas_in_sync, t.global_batch_size, source.name,
@@ -221,7 +275,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     out_dir = workdir if chief else tempfile.mkdtemp(prefix="tf_gan_scale_worker_")
     try:
         _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
-               verbose)
+               verbose, score)
     finally:
         if not chief:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -229,7 +283,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
 
 
 def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
-           verbose):
+           verbose, score=None):
     t = config.train
     os.makedirs(out_dir, exist_ok=True)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "checkpoints"),
@@ -245,6 +299,10 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
         cbs += [callbacks.Samples(os.path.join(out_dir, "samples"), t.sample_every,
                                   seed=config.seed, writer=writer, reference=reference),
                 callbacks.Summaries(writer, t.log_every, t.global_batch_size)]
+    if score is not None:  # On every worker: scoring runs collectives.
+        cbs.append(callbacks.Evaluate(
+            config.eval.every, score, writer=writer if chief else None,
+            path=os.path.join(out_dir, "eval.jsonl") if chief else None))
     # Keras "epochs" are blocks of log_every steps. Keras' bar would show every block as
     # log_every steps (also a short last one or a resumed first one): ours counts steps.
     if chief and verbose:

@@ -1,0 +1,72 @@
+"""Scores the generator of a training run's latest checkpoint: FID, KID, IS, precision/recall.
+
+    python tools/evaluate.py --workdir=DIR --extractor=digits_classifier.keras \
+        [--metrics=fid,kid,is,pr] [--num_samples=10000] [--seed=0] [--batch_size=256] \
+        [--strategy=auto|one_device|mirrored|multi_worker_mirrored] [--num_cpu_devices=N]
+
+--extractor: inception_v3 (weights from the Keras cache or --extractor_weights=PATH),
+fid_inception:PATH.pb (the frozen graph of the original FID code: numbers comparable with
+papers) or PATH.keras (e.g. from tools/train_classifier.py). Real data: the first
+--num_samples examples of the run's data source; their statistics are cached in
+--cache_dir (default ~/.cache/tf_gan_scale/reference). Fake example i comes from latents
+(seed, i), so one device, N replicas and N workers score the same examples. Prints one JSON
+line: {"step", "checkpoint", "extractor", "num_samples", "fid", "kid": {"mean", "std"}, ...}
+and the same scores, with their extractor, on one line of stderr.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import flags  # noqa: E402
+
+from tf_gan_scale import cli, errors  # noqa: E402
+
+flags.DEFINE_string("workdir", None, "Training run directory.")
+flags.DEFINE_string("extractor", None, "inception_v3 | fid_inception:PATH.pb | PATH.keras")
+flags.DEFINE_string("extractor_weights", None, "inception_v3 weights file.")
+flags.DEFINE_string("metrics", "fid", "Comma-separated: fid, kid, is, pr.")
+flags.DEFINE_integer("num_samples", 10000, "Generated and real examples.")
+flags.DEFINE_integer("seed", 0, "Latent seed: fake example i comes from (seed, i).")
+flags.DEFINE_integer("batch_size", 256, "Global evaluation batch.")
+flags.DEFINE_string("cache_dir", "", "Reference statistics cache directory.")
+flags.DEFINE_string("strategy", "auto", "auto, one_device, mirrored, multi_worker_mirrored.")
+flags.DEFINE_integer("num_cpu_devices", None, "Split the CPU into N logical devices.")
+flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    if not FLAGS.workdir or not FLAGS.extractor:
+        raise errors.ConfigError("--workdir and --extractor are required, e.g. "
+                                 "--extractor=digits_classifier.keras")
+    from tf_gan_scale import distribute
+    distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
+    strategy = distribute.make_strategy(FLAGS.strategy, num_cpu_devices=FLAGS.num_cpu_devices)
+    from tf_gan_scale import data, evaluation, sampling, train_lib
+    from tf_gan_scale.metrics import extractors
+    names = evaluation.check_metrics(FLAGS.metrics)
+    if FLAGS.num_samples < 2 or FLAGS.batch_size < 1:
+        raise errors.ConfigError(f"--num_samples must be >= 2 and --batch_size >= 1; "
+                                 f"Received: {FLAGS.num_samples}, {FLAGS.batch_size}")
+    config, _ = train_lib.load_run(FLAGS.workdir)
+    source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
+    with strategy.scope():
+        generator, latent_dim, step, path = sampling.load_generator(FLAGS.workdir)
+        extractor = extractors.get(FLAGS.extractor, source.shape,
+                                   weights=FLAGS.extractor_weights)
+    scores = evaluation.evaluate(
+        generator, latent_dim, source, extractor, strategy, num_samples=FLAGS.num_samples,
+        seed=FLAGS.seed, metrics=names, batch_size=FLAGS.batch_size,
+        cache_dir=train_lib.cache_dir(FLAGS.cache_dir),
+        write_cache=distribute.is_chief(strategy))
+    print(f"step {step}: {evaluation.format_scores(scores)}", file=sys.stderr)
+    print(json.dumps({"step": step, "checkpoint": path, **scores}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    cli.run(main)
