@@ -9,8 +9,8 @@ Work is sharded over every replica and worker of `strategy`: each global batch o
 examples (real images, or generated ones) is split over the replicas, each replica runs
 the extractor on its rows and adds them to its float64 running sums
 (`metrics.FeatureStats`, one all-reduce at the end). KID, IS and precision / recall need
-the features themselves: each batch's features (and class probabilities) are all-gathered
-with their row numbers and put in row order on the host.
+the features themselves: each batch's features (and class probabilities) are gathered
+from every replica with their row numbers (one all-reduce) and put in row order on the host.
 
 What makes the numbers topology-independent: fake example i is generated from latents
 keyed by (seed, i) alone (`latents.fixed(seed, N)[i]`: the images of the sample grids),
@@ -85,11 +85,7 @@ def _stream(strategy, dataset, images_fn, extractor, keep):
         kept = {"row": rows, "features": out["features"]}
         if want_probs:
             kept["probs"] = out["probs"]
-        ctx = tf.distribute.get_replica_context()
-        if ctx is not None and ctx.num_replicas_in_sync > 1:
-            # Every worker ends up with every row (MWMS: other workers' rows are not local).
-            kept = {k: ctx.all_gather(v, axis=0) for k, v in kept.items()}
-        return kept
+        return _all_gather(kept)
 
     @tf.function
     def step(batch):
@@ -109,6 +105,30 @@ def _stream(strategy, dataset, images_fn, extractor, keep):
     order = np.argsort(rows, kind="stable")
     order = order[rows[order] >= 0]
     return stats, {k: np.concatenate(v)[order] for k, v in parts.items()}
+
+
+def _all_gather(values):
+    """{name: [b, ...]} of this replica -> {name: [replicas * b, ...]} of all, on every
+    replica (so every worker has every row). In replica context.
+
+    An all-reduce of one-hot slots rather than `ReplicaContext.all_gather`, which fails
+    under MultiWorkerMirroredStrategy in TF 2.21 ("destinations can not be empty"): each
+    replica writes its rows into its own slot of a zero buffer and the buffers are summed,
+    ONE collective for all names (float32; row numbers are exact below 2^24).
+    """
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return values
+    n = ctx.num_replicas_in_sync
+    slot = tf.one_hot(ctx.replica_id_in_sync_group, n, dtype=tf.float32)
+    names = sorted(values)
+    buffers = []
+    for name in names:
+        v = tf.cast(values[name], tf.float32)
+        buffers.append(tf.reshape(slot, [n] + [1] * len(v.shape)) * v[None])
+    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, buffers)
+    return {name: tf.cast(tf.reshape(s, tf.concat([[-1], tf.shape(s)[2:]], 0)),
+                          values[name].dtype) for name, s in zip(names, summed)}
 
 
 def _global_batch(strategy, batch_size):
