@@ -56,22 +56,22 @@ def evaluate(workdir, extractor, cache, *extra, launcher=None):
 
 
 def close(a, b, rtol=1e-6):
-    for key in ("fid", "precision", "recall"):
-        np.testing.assert_allclose(a[key], b[key], rtol=rtol, err_msg=key)
-    for key in ("kid", "is"):
-        np.testing.assert_allclose([a[key]["mean"], a[key]["std"]],
-                                   [b[key]["mean"], b[key]["std"]], rtol=rtol, atol=1e-9,
-                                   err_msg=key)
+    for key in ("fid", "kid", "kid_std", "is", "is_std", "precision", "recall"):
+        np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=1e-9, err_msg=key)
 
 
 def test_training_scores_every_k_steps_with_the_extractor_named(scored_run):
     workdir, extractor, cache = scored_run
-    lines = [json.loads(line) for line in (workdir / "eval.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [2, 4]
     for line in lines:
         assert extractor in line["extractor"] and line["num_samples"] == N
-        assert line["fid"] > 0 and 0 <= line["precision"] <= 1 and line["is"]["mean"] >= 1
+        assert line["fid"] > 0 and 0 <= line["precision"] <= 1 and line["is"] >= 1
     assert lines[0]["fid"] != lines[1]["fid"]
+    # The best step by FID is kept outside the rotation.
+    best = min(lines, key=lambda line: line["fid"])["step"]
+    assert tf.train.latest_checkpoint(str(workdir / "checkpoints" / "best")).endswith(
+        f"ckpt-{best}")
     assert len(glob.glob(str(cache / "reference-*.npz"))) == 1  # Computed once, reused.
     tags = set()
     for path in glob.glob(str(workdir / "logs" / "events.*")):
@@ -85,7 +85,7 @@ def test_one_device_two_replicas_and_two_workers_score_the_same(scored_run):
     one = evaluate(workdir, extractor, cache, "--strategy=one_device")
     assert one["step"] == 4
     # The last training-time score was of the same weights: the checkpoint's.
-    last = json.loads((workdir / "eval.jsonl").read_text().splitlines()[-1])
+    last = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
     close(one, last)
     close(evaluate(workdir, extractor, cache, "--strategy=mirrored", "--num_cpu_devices=2"),
           one)
@@ -93,6 +93,18 @@ def test_one_device_two_replicas_and_two_workers_score_the_same(scored_run):
     assert len(workers) == 2
     for scores in workers:
         close(scores, one)
+    # Any checkpoint (here the best one) and an array of images score on the same terms.
+    best = tf.train.latest_checkpoint(str(workdir / "checkpoints" / "best"))
+    assert evaluate(workdir, extractor, cache, "--strategy=one_device",
+                    f"--checkpoint={best}")["checkpoint"] == best
+    samples = workdir.parent / "samples.npy"
+    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--num_samples={N}",
+                    f"--output={samples}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from_array = evaluate("", extractor, cache, f"--samples={samples}",
+                          "--reference=embedded:digits", "--strategy=one_device")
+    # tools/sample.py draws latents.fixed(0, N): the fakes evaluate generates for seed 0.
+    close(from_array, one)
     # Other fakes (latent seed 1; the 4-step generator barely depends on z) miss by
     # 1e-4 relative, 100x the tolerance: the comparison can fail.
     other = evaluate(workdir, extractor, cache, "--strategy=one_device", "--seed=1")
@@ -102,7 +114,11 @@ def test_one_device_two_replicas_and_two_workers_score_the_same(scored_run):
 def test_bad_input_is_one_line_exit_2(scored_run, tmp_path):
     workdir, extractor, cache = scored_run
     cases = [
-        ([f"--workdir={workdir}"], "--workdir and --extractor are required"),
+        ([f"--workdir={workdir}"], "--workdir (or --samples) and --extractor are required"),
+        ([f"--workdir={workdir}", f"--extractor={extractor}", "--checkpoint=/no/ckpt-3"],
+         "no checkpoint '/no/ckpt-3'"),
+        ([f"--workdir={workdir}", f"--extractor={extractor}", "--num_samples=8"],
+         "FID from 8 samples of 16-d features"),
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--metrics=fid,fdi"],
          "unknown metric 'fdi'"),
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--num_samples=100000"],

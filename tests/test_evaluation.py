@@ -51,19 +51,19 @@ def score(strategy, **kw):
 def test_scores_equal_the_metrics_of_the_same_examples_on_one_device(one_device):
     got = score(one_device)
     g, extractor = setup(one_device)
-    fake = extractor(g(latents.fixed(3, N, LATENT), training=False))
+    fake = extractor(evaluation.quantize(g(latents.fixed(3, N, LATENT), training=False)))
     x = data.load("embedded:digits").arrays["x"][:N]
-    real = extractor(tf.constant(data.sources.to_float(x)))
+    real = extractor(evaluation.quantize(tf.constant(data.sources.to_float(x))))
     np.testing.assert_allclose(
         got["fid"], metrics.fid_from_features(real["features"].numpy(),
                                               fake["features"].numpy()), rtol=1e-6)
     kid = metrics.kid(real["features"].numpy(), fake["features"].numpy(), subset_size=N,
                       seed=3)
     # Subsets of all N examples are all the same set: std is rounding (atol).
-    np.testing.assert_allclose([got["kid"]["mean"], got["kid"]["std"]], [kid.mean, kid.std],
+    np.testing.assert_allclose([got["kid"], got["kid_std"]], [kid.mean, kid.std],
                                rtol=1e-6, atol=1e-9)
     inception = metrics.inception_score(fake["probs"].numpy(), splits=10)
-    np.testing.assert_allclose(got["is"]["mean"], inception.mean, rtol=1e-6)
+    np.testing.assert_allclose(got["is"], inception.mean, rtol=1e-6)
     pr = metrics.precision_recall(real["features"].numpy(), fake["features"].numpy())
     assert (got["precision"], got["recall"]) == (pr.precision, pr.recall)
     assert got["extractor"] == "test:tiny" and got["num_samples"] == N
@@ -76,11 +76,8 @@ def test_scores_equal_the_metrics_of_the_same_examples_on_one_device(one_device)
 
 def test_two_replicas_score_what_one_device_scores(one_device, mirrored2):
     one, two = score(one_device), score(mirrored2)
-    for key in ("fid", "precision", "recall"):
-        np.testing.assert_allclose(two[key], one[key], rtol=1e-6)
-    for key in ("kid", "is"):
-        np.testing.assert_allclose([two[key]["mean"], two[key]["std"]],
-                                   [one[key]["mean"], one[key]["std"]], rtol=1e-6, atol=1e-9)
+    for key in evaluation.SCORE_KEYS:
+        np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-9, err_msg=key)
 
 
 def test_reference_statistics_are_cached_and_reused(one_device, tmp_path):
@@ -98,8 +95,8 @@ def test_reference_statistics_are_cached_and_reused(one_device, tmp_path):
     again = evaluation.reference(source, extractor, one_device, num_samples=N, batch_size=16,
                                  cache_dir=str(tmp_path))
     np.testing.assert_allclose(again["mu"], ref["mu"] + 1.0)
-    x = data.sources.to_float(source.arrays["x"][:N])
-    mu, _ = metrics.feature_statistics(extractor(tf.constant(x))["features"].numpy())
+    x = evaluation.quantize(tf.constant(data.sources.to_float(source.arrays["x"][:N])))
+    mu, _ = metrics.feature_statistics(extractor(x)["features"].numpy())
     np.testing.assert_allclose(ref["mu"], mu, rtol=1e-5, atol=1e-6)
 
 
@@ -112,3 +109,54 @@ def test_bad_metric_names_and_is_without_probabilities():
 
     with pytest.raises(errors.ConfigError, match="metric 'is' needs class probabilities"):
         evaluation.check_metrics(("is",), NoProbs())
+
+
+def test_images_are_quantized_to_the_levels_the_png_writer_uses():
+    from tf_gan_scale import images
+    x = np.random.default_rng(0).uniform(-1.1, 1.1, [1000]).astype(np.float32)
+    x[:3] = [0.0, -1.0, 1.0]  # 0 is the tie 127.5: half to even (np.rint), 128.
+    np.testing.assert_allclose(evaluation.quantize(tf.constant(x)).numpy(),
+                               images.to_uint8(x) / 127.5 - 1, atol=1e-6)
+
+
+def test_external_samples_are_scored_like_generated_ones(one_device):
+    # The generator's own quantized images, given as an array, score what it scores.
+    g, extractor = setup(one_device)
+    source = data.load("embedded:digits")
+    images = g(latents.fixed(3, N, LATENT), training=False).numpy()
+    from_array = evaluation.evaluate(None, LATENT, source, extractor, one_device,
+                                     num_samples=0, samples=images, metrics=ALL,
+                                     batch_size=16, seed=3)
+    got = score(one_device)
+    for key in evaluation.SCORE_KEYS:
+        np.testing.assert_allclose(from_array[key], got[key], rtol=1e-6, atol=1e-9)
+    with pytest.raises(errors.ConfigError, match=r"shape \(37, 8, 8\) do not match"):
+        evaluation.check_samples(images[..., 0], source)
+    with pytest.raises(errors.ConfigError, match=r"in \[-1, 1\].*Received: \[0, 255\]"):
+        evaluation.check_samples(np.linspace(0, 255, N * 64).reshape(N, 8, 8, 1), source)
+
+
+def test_fid_with_fewer_samples_than_feature_dimensions_is_refused(one_device):
+    g, extractor = setup(one_device)
+    with pytest.raises(errors.ConfigError, match="5 samples of 6-d features"):
+        evaluation.evaluate(g, LATENT, data.load("embedded:digits"), extractor, one_device,
+                            num_samples=5, metrics=("fid",))
+    scores = evaluation.evaluate(g, LATENT, data.load("embedded:digits"), extractor,
+                                 one_device, num_samples=5, metrics=("fid",),
+                                 allow_rank_deficient=True)
+    assert np.isfinite(scores["fid"])
+
+
+def test_a_corrupt_cached_reference_is_recomputed(one_device, tmp_path, caplog):
+    g, extractor = setup(one_device)
+    source = data.load("embedded:digits")
+    ref = evaluation.reference(source, extractor, one_device, num_samples=N, batch_size=16,
+                               cache_dir=str(tmp_path))
+    (path,) = tmp_path.glob("reference-*.npz")
+    path.write_bytes(path.read_bytes()[:100])  # Truncated.
+    again = evaluation.reference(source, extractor, one_device, num_samples=N, batch_size=16,
+                                 cache_dir=str(tmp_path))
+    np.testing.assert_allclose(again["mu"], ref["mu"])
+    assert "unreadable" in caplog.text
+    with np.load(path) as f:  # Rewritten whole.
+        np.testing.assert_allclose(f["mu"], ref["mu"])

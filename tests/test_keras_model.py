@@ -232,12 +232,14 @@ def test_evaluate_reports_fid_across_replicas_with_a_keras_extractor(one_device,
         fids.append(logs["fid"])
     np.testing.assert_allclose(fids[1], fids[0], rtol=1e-6)
     # The direct computation: features (the layer before the softmax) of the same reals
-    # and of fakes i from latents (seed, EVAL_PHASE, i).
+    # and of fakes i from latents (seed, EVAL_PHASE, i), quantized to uint8 levels.
     features = keras.Model(classifier.inputs, classifier.layers[-2].output)
     z = latents.rows_normal(latents.key(model.seed, latents.SAMPLE_STEP, latents.EVAL_PHASE),
                             tf.range(len(x)), [LATENT])
     fake = model.generator(z, training=False)
-    expected = metrics.fid_from_features(features(x).numpy(), features(fake).numpy())
+    from tf_gan_scale.evaluation import quantize  # Both sides at uint8 levels.
+    expected = metrics.fid_from_features(features(quantize(x)).numpy(),
+                                         features(quantize(fake)).numpy())
     np.testing.assert_allclose(fids[0], expected, rtol=1e-5)
     # The extractor is part of the saved compile config.
     model.save(str(tmp_path / "gan.keras"))

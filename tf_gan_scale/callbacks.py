@@ -63,24 +63,46 @@ class Evaluate(_Every):
 
     `score()` returns evaluation.evaluate's dict; it runs collectives, so this callback
     runs on EVERY worker. The chief (given `writer` and `path`) writes TensorBoard scalars
-    `eval/<metric>` and appends {"step", **scores} as one JSON line to `path`.
+    `eval/<metric>` and appends {"step", **scores} as one JSON line to `path`. With
+    `best` (a score key) and `best_manager`, a step that beats every earlier one (in this
+    run and in the lines of `history`, the run's metrics.jsonl that every worker reads)
+    is saved by `best_manager` on every worker, as checkpoints are (the others' managers
+    write to their temporary directories): all workers reach the same verdict.
     """
 
     at_end = True
 
-    def __init__(self, every, score, writer=None, path=None):
+    def __init__(self, every, score, writer=None, path=None, best="", best_manager=None,
+                 history=None):
         super().__init__(every)
-        self.score, self.writer, self.path = score, writer, path
+        self.score, self.writer, self.path, self.history = score, writer, path, history
+        self.best, self.best_manager = best, best_manager
+        self._best_value = None
+
+    def on_train_begin(self, logs=None):
+        # A resumed run continues the comparison with the scores it logged before.
+        if self.best and self.history and os.path.isfile(self.history):
+            from tf_gan_scale import evaluation
+            with open(self.history) as f:
+                for line in f:
+                    value = json.loads(line).get(self.best)
+                    if value is not None and evaluation.better(self.best, value,
+                                                               self._best_value):
+                        self._best_value = value
 
     def fire(self, step, logs):
         from tf_gan_scale import evaluation
         scores = self.score()
         logging.info("step %d: %s", step, evaluation.format_scores(scores))
+        if self.best and self.best_manager is not None and evaluation.better(
+                self.best, scores[self.best], self._best_value):
+            self._best_value = scores[self.best]
+            self.best_manager.save(checkpoint_number=step)
+            logging.info("step %d: best %s so far (%.4g); saved %s", step, self.best,
+                         self._best_value, self.best_manager.latest_checkpoint)
         if self.writer is not None:
             with self.writer.as_default():
                 for name, value in scores.items():
-                    if isinstance(value, dict):
-                        value = value["mean"]
                     if isinstance(value, float):
                         tf.summary.scalar(f"eval/{name}", value, step=step)
             self.writer.flush()

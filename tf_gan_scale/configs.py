@@ -62,4 +62,5 @@ def base():
     c.eval.batch_size = 256           # Global evaluation batch.
     c.eval.seed = 0                   # Fake example i comes from latents (seed, i).
     c.eval.cache_dir = ""             # Reference statistics; "" = ~/.cache/tf_gan_scale.
+    c.eval.best = "fid"               # Keep checkpoints/best by this score; "" = none.
     return c

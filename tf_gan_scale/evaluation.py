@@ -18,8 +18,13 @@ and real example i is example i of the source in its stored order. Batches are p
 a multiple of the replica count with rows marked -1, which no statistic counts, so the
 same N examples are scored by one device, N replicas and N workers.
 
-Numbers from different extractors are not comparable: every result carries the
-extractor's name, and `format_scores` prints them together.
+Protocol (what makes published numbers comparable, fixed here): the generator runs in
+inference mode (moving batch-norm statistics); real and generated images alike are
+quantized to the 256 levels of uint8 before extraction (`quantize`), as images saved to
+PNG would be; the extractor resizes both the same way (named in its docstring); the
+number of samples is part of every result. Numbers from different extractors are not
+comparable: every result carries the extractor's name, and `format_scores` prints them
+together.
 """
 
 import hashlib
@@ -35,7 +40,15 @@ from tf_gan_scale import metrics as metrics_lib
 from tf_gan_scale.data.sources import to_float
 
 METRICS = ("fid", "kid", "is", "pr")
-_CACHE_VERSION = 1  # Bump when what a cached reference file means changes.
+_CACHE_VERSION = 2  # Bump when what a cached reference file means changes.
+
+
+def quantize(images):
+    """[-1, 1] float images -> the nearest of the 256 uint8 levels, back in [-1, 1]
+    (x -> round((x + 1) * 127.5) / 127.5 - 1, clipped, ties to even): the levels
+    `images.to_uint8` writes to PNG."""
+    levels = tf.round(tf.clip_by_value((images + 1.0) * 127.5, 0.0, 255.0))
+    return levels / 127.5 - 1.0
 
 
 def check_metrics(names, extractor=None):
@@ -78,7 +91,7 @@ def _stream(strategy, dataset, images_fn, extractor, keep):
     def replica_step(batch):
         rows = batch["row"]
         valid = rows >= 0
-        out = extractor(images_fn(batch))
+        out = extractor(quantize(images_fn(batch)))
         stats.update(tf.boolean_mask(out["features"], valid))
         if not keep:
             return {}
@@ -168,12 +181,14 @@ def real_examples(source, num_samples):
 
 
 def _cache_path(cache_dir, source, extractor, num_samples, keep):
-    ident = {"source": source.name, "extractor": extractor.name, "n": int(num_samples),
-             "keep": bool(keep), "version": _CACHE_VERSION}
-    path = extractor.name.split(":", 1)[-1]
-    if os.path.isfile(path):  # A file-based extractor: its content, not only its name.
-        with open(path, "rb") as f:
-            ident["file_sha256"] = hashlib.sha256(f.read()).hexdigest()
+    """Keyed by source (its spec names the split), resolution, N, the extractor and a
+    fingerprint of its weights file: a changed key is a new file, recomputed."""
+    ident = {"source": source.name, "shape": list(source.shape), "n": int(num_samples),
+             "extractor": extractor.name, "keep": bool(keep), "version": _CACHE_VERSION}
+    weights = getattr(extractor, "weights_path", None)
+    if weights and os.path.isfile(weights):
+        with open(weights, "rb") as f:
+            ident["weights_sha256"] = hashlib.sha256(f.read()).hexdigest()
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(cache_dir, f"reference-{key}.npz")
 
@@ -187,8 +202,15 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
     if cache_dir:
         path = _cache_path(cache_dir, source, extractor, num_samples, keep)
         if os.path.isfile(path):
-            with np.load(path) as f:
-                return {k: f[k] for k in f.files}
+            try:
+                with np.load(path) as f:
+                    ref = {k: f[k] for k in f.files}
+                if ref["mu"].shape != (extractor.feature_dim,):
+                    raise ValueError(f"mu has shape {ref['mu'].shape}")
+                return ref
+            except Exception as e:  # Truncated or foreign file: recompute it.
+                logging.warning("reference statistics %s are unreadable (%s); recomputing",
+                                path, str(e).splitlines()[0][:200] if str(e) else type(e))
     gb = _global_batch(strategy, batch_size)
     stats, kept = _stream(strategy, _padded(real_examples(source, num_samples), gb),
                           lambda b: b["x"], extractor, keep)
@@ -202,24 +224,66 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
     return ref
 
 
+def check_samples(samples, source, tolerance=0.01):
+    """Images from elsewhere to score: float [N, *source.shape], finite, in [-1, 1]
+    (up to `tolerance`); else ConfigError naming what is wrong."""
+    samples = np.asarray(samples)
+    if samples.ndim < 2 or tuple(samples.shape[1:]) != tuple(source.shape):
+        raise errors.ConfigError(
+            f"samples of shape {tuple(samples.shape)} do not match the reference data "
+            f"{source.name} of example shape {tuple(source.shape)}")
+    if not np.issubdtype(samples.dtype, np.floating) or not np.isfinite(samples).all():
+        raise errors.ConfigError(f"samples must be finite floats in [-1, 1]; Received "
+                                 f"dtype {samples.dtype}")
+    low, high = float(samples.min()), float(samples.max())
+    if low < -1 - tolerance or high > 1 + tolerance:
+        raise errors.ConfigError(f"samples must be in [-1, 1] (the project's range); "
+                                 f"Received: [{low:.4g}, {high:.4g}]")
+    return samples.astype(np.float32)
+
+
 def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples, seed=0,
              metrics=("fid",), batch_size=256, reference_stats=None, cache_dir=None,
-             write_cache=True):
-    """Scores `num_samples` generated examples against as many real ones.
+             write_cache=True, samples=None, allow_rank_deficient=False):
+    """Scores `num_samples` generated examples (or the given `samples`) against as many
+    real ones: the first `num_samples` of `source`.
 
-    Returns {"extractor": name, "num_samples": N, "fid": float, "kid": {"mean", "std"},
-    "is": {"mean", "std"}, "precision": float, "recall": float} for the requested metrics.
+    Args:
+        generator: Keras model [B, latent_dim] -> [B, *shape]; created in the strategy's
+            scope. Unused (may be None) with `samples`.
+        samples: optional float array [N, *shape] in [-1, 1]: images from anywhere
+            (another framework), scored on the same terms; N replaces num_samples.
+        allow_rank_deficient: FID with fewer samples than feature dimensions (singular
+            covariances, a biased and unstable number) is refused unless True.
+    Returns:
+        {"extractor": name, "num_samples": N, "fid", "kid", "kid_std", "is", "is_std",
+        "precision", "recall": floats} for the requested metrics (KID over subsets of
+        min(1000, N), IS over min(10, N) splits, PR with k = 3).
     Every replica (and worker) must call this together: it runs collectives.
     """
     metrics = check_metrics(metrics, extractor)
+    if samples is not None:
+        samples = check_samples(samples, source)
+        num_samples = len(samples)
+    if "fid" in metrics and num_samples < extractor.feature_dim and not allow_rank_deficient:
+        raise errors.ConfigError(
+            f"FID from {num_samples} samples of {extractor.feature_dim}-d features uses "
+            f"rank-deficient covariances (a biased, unstable number); use num_samples >= "
+            f"{extractor.feature_dim} or allow_rank_deficient (--allow_rank_deficient)")
     keep = any(m in metrics for m in ("kid", "pr", "is"))
     keep_real = any(m in metrics for m in ("kid", "pr"))
     ref = reference_stats or reference(source, extractor, strategy, num_samples=num_samples,
                                        batch_size=batch_size, keep=keep_real,
                                        cache_dir=cache_dir, write_cache=write_cache)
-    stats, fake = fake_features(generator, latent_dim, extractor, strategy,
-                                num_samples=num_samples, seed=seed, batch_size=batch_size,
-                                keep=keep)
+    if samples is None:
+        stats, fake = fake_features(generator, latent_dim, extractor, strategy,
+                                    num_samples=num_samples, seed=seed,
+                                    batch_size=batch_size, keep=keep)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices(
+            {"x": samples, "row": np.arange(num_samples, dtype=np.int32)})
+        stats, fake = _stream(strategy, _padded(ds, _global_batch(strategy, batch_size)),
+                              lambda b: b["x"], extractor, keep)
     out = {"extractor": extractor.name, "num_samples": int(num_samples)}
     if "fid" in metrics:
         mu, sigma = stats.result()
@@ -227,14 +291,31 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
     if "kid" in metrics:
         size = min(1000, num_samples)
         k = metrics_lib.kid(ref["features"], fake["features"], subset_size=size, seed=seed)
-        out["kid"] = {"mean": float(k.mean), "std": float(k.std)}
+        out["kid"], out["kid_std"] = float(k.mean), float(k.std)
     if "is" in metrics:
         score = metrics_lib.inception_score(fake["probs"], splits=min(10, num_samples))
-        out["is"] = {"mean": float(score.mean), "std": float(score.std)}
+        out["is"], out["is_std"] = float(score.mean), float(score.std)
     if "pr" in metrics:
         pr = metrics_lib.precision_recall(ref["features"], fake["features"], k=3)
         out["precision"], out["recall"] = float(pr.precision), float(pr.recall)
     return out
+
+
+SCORE_KEYS = ("fid", "kid", "kid_std", "is", "is_std", "precision", "recall")
+HIGHER_IS_BETTER = ("is", "precision", "recall")
+
+
+def metric_keys(names):
+    """The score keys (one per number worth ranking checkpoints by) of metric names."""
+    keys = {"fid": ["fid"], "kid": ["kid"], "is": ["is"], "pr": ["precision", "recall"]}
+    return tuple(k for n in names for k in keys[n])
+
+
+def better(key, new, old):
+    """Whether score `new` beats `old` for score `key` (lower FID/KID, higher IS/PR)."""
+    if old is None:
+        return True
+    return new > old if key in HIGHER_IS_BETTER else new < old
 
 
 def format_scores(scores):
@@ -242,9 +323,9 @@ def format_scores(scores):
     parts = []
     for key in ("fid", "kid", "is", "precision", "recall"):
         if key in scores:
-            v = scores[key]
-            parts.append(f"{key} {v['mean']:.4g} ± {v['std']:.2g}" if isinstance(v, dict)
-                         else f"{key} {v:.4g}")
+            std = scores.get(f"{key}_std")
+            parts.append(f"{key} {scores[key]:.4g}" + (f" ± {std:.2g}" if std is not None
+                                                        else ""))
     return (", ".join(parts) + f" [extractor {scores['extractor']}, "
             f"{scores['num_samples']} samples]")
 
@@ -266,8 +347,8 @@ class FidStreams:
 
     def update(self, real, fake):
         """In replica context: real / fake images [B, *data_shape]."""
-        self.real.update(self.extractor(real)["features"])
-        self.fake.update(self.extractor(fake)["features"])
+        self.real.update(self.extractor(quantize(real))["features"])
+        self.fake.update(self.extractor(quantize(fake))["features"])
 
     def reset(self):
         self.real.reset()

@@ -9,14 +9,16 @@ import tensorflow as tf
 from tf_gan_scale import architectures, errors, gan, images, latents, train_lib
 
 
-def load_generator(workdir):
-    """(generator, latent_dim, step, checkpoint path) from the latest checkpoint in workdir."""
+def load_generator(workdir, checkpoint=None):
+    """(generator, latent_dim, step, checkpoint path) from the latest checkpoint in workdir
+    (or from `checkpoint`, a path such as WORKDIR/checkpoints/best/ckpt-500)."""
     config, data_shape = train_lib.load_run(workdir)
     generator, _ = architectures.build(config.model.name, data_shape=data_shape,
                                        latent_dim=config.model.latent_dim,
                                        **train_lib.model_options(config))
     ckpt_dir = os.path.join(workdir, "checkpoints")
-    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(generator=generator))
+    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(generator=generator),
+                             path=checkpoint)
     if path is None:
         raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
     step = int(re.search(r"ckpt-(\d+)$", path).group(1))

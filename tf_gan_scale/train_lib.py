@@ -12,7 +12,8 @@ Workdir layout:
     checkpoints/ckpt-STEP.*      G, D, both optimizers (and so the step)
     samples/step_XXXXXXX.png     sample grids from fixed latents
     logs/                        TensorBoard event files (eval/<metric> with config.eval)
-    eval.jsonl                   one line of scores per evaluation (config.eval.every > 0)
+    metrics.jsonl                one line of scores per evaluation (config.eval.every > 0)
+    checkpoints/best/ckpt-STEP.* the best checkpoint by config.eval.best (outside rotation)
 """
 
 import json
@@ -139,7 +140,11 @@ def _check_eval(e):
             raise errors.ConfigError(
                 f"config.eval.{key} must be an integer >= {low}; Received: {e[key]!r}")
     if e.every > 0:
-        evaluation.check_metrics(e.metrics)
+        names = evaluation.check_metrics(e.metrics)
+        if e.best and e.best not in evaluation.metric_keys(names):
+            raise errors.ConfigError(
+                f"config.eval.best={e.best!r} is not among the scores of config.eval.metrics="
+                f"{e.metrics!r}; valid: {', '.join(evaluation.metric_keys(names))}, or ''")
         if not e.extractor:
             raise errors.ConfigError(
                 "config.eval.every > 0 needs config.eval.extractor: inception_v3, "
@@ -202,10 +207,15 @@ def validate(config, num_replicas):
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
 
 
-def restore(ckpt_dir, checkpoint):
-    """Restores the latest checkpoint in ckpt_dir if any; returns its path (or None).
-    A checkpoint of another model raises ConfigError."""
-    path = tf.train.latest_checkpoint(ckpt_dir)
+def restore(ckpt_dir, checkpoint, path=None):
+    """Restores the latest checkpoint in ckpt_dir if any (or the checkpoint `path`);
+    returns its path (or None). A checkpoint of another model, or a `path` that is none,
+    raises ConfigError."""
+    if path is not None:
+        if not tf.io.gfile.exists(f"{path}.index"):
+            raise errors.ConfigError(f"no checkpoint {path!r} (expected {path}.index)")
+    else:
+        path = tf.train.latest_checkpoint(ckpt_dir)
     if path is None:
         return None
     try:
@@ -275,7 +285,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     out_dir = workdir if chief else tempfile.mkdtemp(prefix="tf_gan_scale_worker_")
     try:
         _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
-               verbose, score)
+               verbose, score, workdir)
     finally:
         if not chief:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -283,7 +293,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
 
 
 def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
-           verbose, score=None):
+           verbose, score=None, workdir=None):
     t = config.train
     os.makedirs(out_dir, exist_ok=True)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "checkpoints"),
@@ -302,7 +312,10 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
     if score is not None:  # On every worker: scoring runs collectives.
         cbs.append(callbacks.Evaluate(
             config.eval.every, score, writer=writer if chief else None,
-            path=os.path.join(out_dir, "eval.jsonl") if chief else None))
+            path=os.path.join(out_dir, "metrics.jsonl") if chief else None,
+            history=os.path.join(workdir, "metrics.jsonl"),
+            best=config.eval.best, best_manager=tf.train.CheckpointManager(
+                checkpoint, os.path.join(out_dir, "checkpoints", "best"), max_to_keep=1)))
     # Keras "epochs" are blocks of log_every steps. Keras' bar would show every block as
     # log_every steps (also a short last one or a resumed first one): ours counts steps.
     if chief and verbose:

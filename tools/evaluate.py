@@ -1,17 +1,23 @@
 """Scores the generator of a training run's latest checkpoint: FID, KID, IS, precision/recall.
 
     python tools/evaluate.py --workdir=DIR --extractor=digits_classifier.keras \
-        [--metrics=fid,kid,is,pr] [--num_samples=10000] [--seed=0] [--batch_size=256] \
+        [--checkpoint=DIR/checkpoints/best/ckpt-N] [--metrics=fid,kid,is,pr] \
+        [--num_samples=10000] [--seed=0] [--batch_size=256] [--samples=FILE.npy] \
+        [--reference=SOURCE] [--allow_rank_deficient] \
         [--strategy=auto|one_device|mirrored|multi_worker_mirrored] [--num_cpu_devices=N]
 
 --extractor: inception_v3 (weights from the Keras cache or --extractor_weights=PATH),
 fid_inception:PATH.pb (the frozen graph of the original FID code: numbers comparable with
 papers) or PATH.keras (e.g. from tools/train_classifier.py). Real data: the first
---num_samples examples of the run's data source; their statistics are cached in
---cache_dir (default ~/.cache/tf_gan_scale/reference). Fake example i comes from latents
-(seed, i), so one device, N replicas and N workers score the same examples. Prints one JSON
-line: {"step", "checkpoint", "extractor", "num_samples", "fid", "kid": {"mean", "std"}, ...}
-and the same scores, with their extractor, on one line of stderr.
+--num_samples examples of the run's data source (or of --reference=SOURCE, any data source
+spec); their statistics are cached in --cache_dir (default
+~/.cache/tf_gan_scale/reference). Fake example i comes from latents (seed, i), so one
+device, N replicas and N workers score the same examples. --samples=FILE.npy scores an
+array of images in [-1, 1] instead (from any framework; --workdir is then optional).
+Images are quantized to uint8 levels before extraction. Prints one JSON line: {"step",
+"checkpoint", "extractor", "num_samples", "fid", "kid", "kid_std", "is", "is_std",
+"precision", "recall"} (the requested ones) and the same scores, with their extractor, on
+one line of stderr.
 """
 
 import json
@@ -25,6 +31,11 @@ from absl import flags  # noqa: E402
 from tf_gan_scale import cli, errors  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Training run directory.")
+flags.DEFINE_string("checkpoint", None, "A checkpoint path (default: the latest in workdir).")
+flags.DEFINE_string("samples", None, "Score this .npy array of images in [-1, 1] instead.")
+flags.DEFINE_string("reference", None, "Real data source spec (default: the run's).")
+flags.DEFINE_bool("allow_rank_deficient", False, "Allow FID from fewer samples than "
+                  "feature dimensions.")
 flags.DEFINE_string("extractor", None, "inception_v3 | fid_inception:PATH.pb | PATH.keras")
 flags.DEFINE_string("extractor_weights", None, "inception_v3 weights file.")
 flags.DEFINE_string("metrics", "fid", "Comma-separated: fid, kid, is, pr.")
@@ -40,9 +51,12 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    if not FLAGS.workdir or not FLAGS.extractor:
-        raise errors.ConfigError("--workdir and --extractor are required, e.g. "
-                                 "--extractor=digits_classifier.keras")
+    if not (FLAGS.workdir or FLAGS.samples) or not FLAGS.extractor:
+        raise errors.ConfigError("--workdir (or --samples) and --extractor are required, "
+                                 "e.g. --extractor=digits_classifier.keras")
+    if FLAGS.samples and not (FLAGS.workdir or FLAGS.reference):
+        raise errors.ConfigError("--samples needs --reference=SOURCE (or a --workdir whose "
+                                 "source is the reference)")
     from tf_gan_scale import distribute
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
     strategy = distribute.make_strategy(FLAGS.strategy, num_cpu_devices=FLAGS.num_cpu_devices)
@@ -52,15 +66,27 @@ def main(argv):
     if FLAGS.num_samples < 2 or FLAGS.batch_size < 1:
         raise errors.ConfigError(f"--num_samples must be >= 2 and --batch_size >= 1; "
                                  f"Received: {FLAGS.num_samples}, {FLAGS.batch_size}")
-    config, _ = train_lib.load_run(FLAGS.workdir)
-    source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
+    spec = FLAGS.reference or train_lib.load_run(FLAGS.workdir)[0].data.source
+    source = data.load(spec, tfds_data_dir=FLAGS.tfds_data_dir)
+    samples = generator = latent_dim = step = path = None
+    if FLAGS.samples:
+        import numpy as np
+        try:
+            samples = np.load(FLAGS.samples)
+        except (OSError, ValueError) as e:
+            raise errors.ConfigError(f"cannot read --samples={FLAGS.samples!r}: "
+                                     f"{str(e).splitlines()[0]}") from None
+        evaluation.check_samples(samples, source)
     with strategy.scope():
-        generator, latent_dim, step, path = sampling.load_generator(FLAGS.workdir)
+        if samples is None:
+            generator, latent_dim, step, path = sampling.load_generator(
+                FLAGS.workdir, checkpoint=FLAGS.checkpoint)
         extractor = extractors.get(FLAGS.extractor, source.shape,
                                    weights=FLAGS.extractor_weights)
     scores = evaluation.evaluate(
         generator, latent_dim, source, extractor, strategy, num_samples=FLAGS.num_samples,
-        seed=FLAGS.seed, metrics=names, batch_size=FLAGS.batch_size,
+        seed=FLAGS.seed, metrics=names, batch_size=FLAGS.batch_size, samples=samples,
+        allow_rank_deficient=FLAGS.allow_rank_deficient,
         cache_dir=train_lib.cache_dir(FLAGS.cache_dir),
         write_cache=distribute.is_chief(strategy))
     print(f"step {step}: {evaluation.format_scores(scores)}", file=sys.stderr)
