@@ -246,3 +246,18 @@ def test_networks_that_do_not_fit_together_fail_before_any_step():
     with pytest.raises(ValueError, match="compile"):  # Keras' own check, before any step.
         gan.GAN(g((8, 8, 1)), d((8, 8, 1)), 4).fit(np.zeros((16, 8, 8, 1), np.float32),
                                                     batch_size=8, verbose=0)
+
+
+@pytest.mark.parametrize("strategy_name", ["one_device", "mirrored2"])
+def test_logged_gradient_norms_are_the_global_ones(strategy_name, request):
+    # With plain SGD an update is -lr * the global gradient: its norm over a network's
+    # trainable weights, divided by lr, is the gradient norm the step must log.
+    strategy = request.getfixturevalue(strategy_name)
+    model = make(strategy, sgd=True)
+    before = {n: [v.numpy() for v in getattr(model, n).trainable_variables]
+              for n in ("generator", "discriminator")}
+    logs = fit(model, strategy, 1)
+    for name, key in (("generator", "g_grad_norm"), ("discriminator", "d_grad_norm")):
+        after = [v.numpy() for v in getattr(model, name).trainable_variables]
+        step = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(after, before[name])))
+        np.testing.assert_allclose(logs[key][0], step / 0.05, rtol=1e-4)

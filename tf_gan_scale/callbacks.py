@@ -231,15 +231,20 @@ class Samples(_Every):
 
 
 class Summaries(_Every):
-    """TensorBoard scalars every `every` steps: losses, steps/sec, images/sec (global)."""
+    """TensorBoard every `every` steps: the logs (losses, global gradient norms), both
+    learning rates, steps/sec, images/sec (global); and at the start a grid of `real`
+    images (the same view as the sample grids), if given."""
 
-    def __init__(self, writer, every, global_batch_size):
+    def __init__(self, writer, every, global_batch_size, real=None):
         super().__init__(every)
-        self.writer, self.global_batch_size = writer, global_batch_size
+        self.writer, self.global_batch_size, self.real = writer, global_batch_size, real
         self._t0 = self._s0 = None
 
     def on_train_begin(self, logs=None):
         self._t0, self._s0 = time.perf_counter(), _step(self.model)
+        if self.real is not None and np.ndim(self.real) == 4:
+            with self.writer.as_default():
+                tf.summary.image("real", images.render(self.real)[None], step=self._s0)
 
     def fire(self, step, logs):
         now = time.perf_counter()
@@ -248,6 +253,9 @@ class Summaries(_Every):
         with self.writer.as_default():
             for name, value in (logs or {}).items():
                 tf.summary.scalar(name, float(np.asarray(value)), step=step)
+            for name in ("g", "d"):
+                lr = getattr(self.model, f"{name}_optimizer").learning_rate
+                tf.summary.scalar(f"{name}_learning_rate", float(np.asarray(lr)), step=step)
             tf.summary.scalar("steps_per_sec", rate, step=step)
             tf.summary.scalar("images_per_sec", rate * self.global_batch_size, step=step)
         self.writer.flush()

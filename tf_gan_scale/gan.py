@@ -96,6 +96,9 @@ class GAN(keras.Model):
         self._eval_offset = 0  # Evaluation examples seen in this `evaluate` call.
         self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        # Global gradient norms (of the summed gradients: no collective), for TensorBoard.
+        self.d_grad_norm_tracker = keras.metrics.Mean(name="d_grad_norm")
+        self.g_grad_norm_tracker = keras.metrics.Mean(name="g_grad_norm")
         # The wrapper has no call graph of its own; Keras' fit would try to trace one.
         self.built = True
 
@@ -183,7 +186,8 @@ class GAN(keras.Model):
 
     @property
     def metrics(self):
-        return [self.d_loss_tracker, self.g_loss_tracker]
+        return [self.d_loss_tracker, self.g_loss_tracker, self.d_grad_norm_tracker,
+                self.g_grad_norm_tracker]
 
     @property
     def step(self):
@@ -238,8 +242,9 @@ class GAN(keras.Model):
             share = replica.global_mean(per_example, gb)
             loss = self.d_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.discriminator.trainable_variables)
-        (d_loss, count), finite = apply_global_gradients(
+        (d_loss, count), finite, norm = apply_global_gradients(
             self.d_optimizer, grads, self.discriminator.trainable_variables, [share, b])
+        self.d_grad_norm_tracker.update_state(norm)
         return d_loss, finite, count
 
     def _g_update(self, b, step):
@@ -255,8 +260,9 @@ class GAN(keras.Model):
             share = replica.global_mean(per_example, gb)
             loss = self.g_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.generator.trainable_variables)
-        (g_loss,), finite = apply_global_gradients(
+        (g_loss,), finite, norm = apply_global_gradients(
             self.g_optimizer, grads, self.generator.trainable_variables, [share])
+        self.g_grad_norm_tracker.update_state(norm)
         return g_loss, finite
 
     def train_step(self, data):

@@ -130,9 +130,10 @@ def apply_global_gradients(optimizer, grads, variables, riders=()):
         riders: scalars to sum across replicas in the same collective (cast to float32:
             one dtype keeps it one collective), e.g. the loss share and the row count.
     Returns:
-        (summed riders: list of float32 scalars, finite): `finite` is a bool scalar,
-        True when the global gradients and riders are all finite, and always True for
-        a LossScaleOptimizer (which skips such steps itself). Identical on every
+        (summed riders: list of float32 scalars, finite, norm): `finite` is a bool
+        scalar, True when the global gradients and riders are all finite, and always True
+        for a LossScaleOptimizer (which skips such steps itself); `norm` is the global
+        L2 norm of the (summed, unscaled) gradients, for logging. Identical on every
         replica.
     Call in replica context (inside `strategy.run`) or without a strategy.
     """
@@ -149,14 +150,18 @@ def apply_global_gradients(optimizer, grads, variables, riders=()):
         extra = reduced[len(live):]
     with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
         optimizer.apply(grads, variables)
+    # Global gradients, so the norm costs no collective (and is the same everywhere).
+    norm = tf.linalg.global_norm([tf.cast(grads[i], tf.float32) for i in live]) if live \
+        else tf.constant(0.0)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        norm = norm / tf.cast(optimizer.scale_loss(1.0), tf.float32)
         finite = tf.constant(True)
     else:
         # Global values, so every replica (and worker) reaches the same verdict.
         checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
                   + [tf.math.is_finite(e) for e in extra])
         finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-    return list(extra), finite
+    return list(extra), finite, norm
 
 
 _PASSTHROUGH_LOCK = threading.Lock()

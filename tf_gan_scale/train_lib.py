@@ -292,6 +292,14 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     return model
 
 
+def _first_images(source, num):
+    """The first `num` examples of an in-memory image source, [N, H, W, C] in [-1, 1]
+    (None for vectors or streamed sources): the real grid TensorBoard shows."""
+    if source.arrays is None or len(source.shape) != 3:
+        return None
+    return data.sources.to_float(source.arrays["x"][:num]).numpy()
+
+
 def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
            verbose, score=None, workdir=None):
     t = config.train
@@ -308,7 +316,8 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
             reference = source.arrays["x"][:2000]
         cbs += [callbacks.Samples(os.path.join(out_dir, "samples"), t.sample_every,
                                   seed=config.seed, writer=writer, reference=reference),
-                callbacks.Summaries(writer, t.log_every, t.global_batch_size)]
+                callbacks.Summaries(writer, t.log_every, t.global_batch_size,
+                                    real=_first_images(source, 64))]
     if score is not None:  # On every worker: scoring runs collectives.
         cbs.append(callbacks.Evaluate(
             config.eval.every, score, writer=writer if chief else None,
