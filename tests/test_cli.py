@@ -161,6 +161,15 @@ def test_non_finite_training_stops_with_one_line_and_keeps_the_last_good_checkpo
     assert not glob.glob(str(workdir / "checkpoints" / "ckpt-3*"))
 
 
+@pytest.mark.slow
+def test_the_binary_uses_the_last_of_a_repeated_tuple_override(tmp_path):
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *TINY,
+                    "--config.model.g_channels=(8,8,8)", "--config.train.num_steps=1"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["config"]["model"]["g_channels"] == [8, 8, 8]  # Not TINY's + these six.
+
+
 def test_a_repeated_config_override_means_its_last_value():
     # ml_collections concatenated a repeated tuple override into six widths.
     from tf_gan_scale import cli

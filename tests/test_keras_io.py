@@ -62,6 +62,10 @@ def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
     keras_file = tmp_path / "gan.keras"
     one_json_line(tool(f"--workdir={run}", f"--to_keras={keras_file}"))
     before = keras_file.read_bytes()
+    import keras
+    keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(
+        tmp_path / "not_a_gan.keras")
+    (tmp_path / "text.keras").write_text("hello")
     cases = [
         ([f"--workdir={run}", f"--to_keras={keras_file}"], "already exists"),
         ([f"--workdir={run}", f"--to_keras={tmp_path / 'gan.h5'}"], "must end in .keras"),
@@ -75,6 +79,10 @@ def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
         ([f"--from_keras={keras_file}", f"--workdir={tmp_path / 'new'}", *TINY,
           "--config.train.d_steps=0"], "d_steps"),
         ([f"--workdir={run}"], "exactly one of"),
+        ([f"--from_keras={tmp_path / 'not_a_gan.keras'}", f"--workdir={tmp_path / 'new'}",
+          *TINY], "holds a Sequential, not a tf_gan_scale GAN"),
+        ([f"--from_keras={tmp_path / 'text.keras'}", f"--workdir={tmp_path / 'new'}", *TINY],
+         "not a .keras file (not a zip archive)"),
     ]
     for args, message in cases:
         proc = tool(*args)

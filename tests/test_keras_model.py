@@ -114,10 +114,15 @@ def test_load_model_in_a_fresh_process_with_only_tf_gan_scale_imported(one_devic
         np.save({str(tmp_path / "out.npy")!r}, m.predict(np.load({str(tmp_path / "z.npy")!r}),
                                                         verbose=0))
     """)
+    expected = model.generator(z, training=False).numpy()
     proc = run_cmd(["-c", script])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"),
-                                  model.generator(z, training=False).numpy())
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+    # Keras imported first (registered at import) as well as after (registered by the
+    # import hook): both orders load.
+    proc = run_cmd(["-c", "import keras\n" + script])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
 
 
 def expected_losses(model, x):
@@ -198,6 +203,28 @@ def test_a_partial_last_numpy_batch_fails_on_replicas_only(one_device, mirrored2
     assert int(model.step.numpy()) >= 1
 
 
+def test_the_second_batch_of_a_step_is_checked_too(mirrored2):
+    # 53 = 16 + 16 + 16 + 5 with d_steps=2: step 2 gets 16 rows, then 5 (3 + 2).
+    x = data.load("embedded:digits").arrays["x"][:53]
+    model = make(mirrored2)
+    with pytest.raises(errors.UnevenBatchError, match="before generator step 2"):
+        model.fit(x, batch_size=16, epochs=1, verbose=0)
+    assert int(model.step.numpy()) == 1
+
+
+def test_without_the_pre_step_check_the_global_verdict_still_stops_fit(mirrored2,
+                                                                      monkeypatch):
+    # As across workers, where the per-worker check is off: the row counts summed in the
+    # step's all-reduces give every replica the verdict, raised before any callback.
+    from tf_gan_scale import gan_checks
+    monkeypatch.setattr(gan_checks, "assert_even_split", lambda strategy, batches: [])
+    model = make(mirrored2)
+    dataset = data.make_dataset(data.load("embedded:digits"), global_batch_size=15, seed=0)
+    with pytest.raises(errors.UnevenBatchError, match="in generator step 1 .its update used"):
+        model.fit(mirrored2.experimental_distribute_dataset(dataset), epochs=1,
+                  steps_per_epoch=2, verbose=0)
+
+
 def test_uneven_rows_across_workers_are_caught_after_the_step(mirrored2):
     # Within one worker the pre-step check sees every replica; across workers only the
     # row count summed in the gradient all-reduce does. Feed train_step 8 and 7 rows
@@ -247,3 +274,51 @@ def test_evaluate_reports_fid_across_replicas_with_a_keras_extractor(one_device,
         loaded = keras.models.load_model(str(tmp_path / "gan.keras"))
     logs = loaded.evaluate(x, batch_size=16, verbose=0, return_dict=True)
     np.testing.assert_allclose(logs["fid"], fids[1], rtol=1e-6)
+
+
+def test_a_replica_with_no_rows_of_the_last_batch(one_device, mirrored2):
+    # 33 = 16 + 16 + 1: the last batch is 1 + 0 rows on 2 replicas (convolutions fail on
+    # empty batches on CPU, so that replica must sit the forward pass out).
+    x = held_out()[:33]
+    z = latents.fixed(3, 33, LATENT).numpy()
+    expected = expected_losses(make(one_device), x)
+    model = make(mirrored2)
+    logs = model.evaluate(x, batch_size=16, verbose=0, return_dict=True)
+    np.testing.assert_allclose([logs["d_loss"], logs["g_loss"]], expected, rtol=1e-6)
+    np.testing.assert_allclose(model.predict(z, batch_size=16, verbose=0),
+                               model.generator(z, training=False).numpy(), atol=1e-6)
+
+
+def test_predict_feeds_labels_to_a_two_input_generator(one_device):
+    z_in, y_in = keras.Input((LATENT,)), keras.Input((), dtype="int32")
+    h = keras.layers.Concatenate()([z_in, keras.layers.Embedding(10, 4)(y_in)])
+    g = keras.Model([z_in, y_in], keras.layers.Reshape((8, 8, 1))(
+        keras.layers.Dense(64, activation="tanh")(h)))
+    d = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                          keras.layers.Dense(1)])
+    model = gan.GAN(g, d, LATENT)
+    z = latents.fixed(3, 20, LATENT).numpy()
+    labels = np.arange(20) % 10
+    out = model.predict((z, labels), batch_size=8, verbose=0)
+    np.testing.assert_allclose(out, g([z, labels]).numpy(), atol=1e-6)
+    assert not np.allclose(out, g([z, (labels + 1) % 10]).numpy(), atol=1e-3)
+
+
+def test_settings_that_are_not_weights_survive_the_config_round_trip(one_device, tmp_path):
+    model = make(one_device)
+    with one_device.scope():
+        plain = gan.GAN(model.generator, model.discriminator, LATENT, seed=3,
+                        sync_batch_norm=False)
+        # A penalty given as a function (registered, like a loss callable) reloads too.
+        plain.compile(g_optimizer="sgd", d_optimizer="sgd", loss=losses.hinge,
+                      penalty=zero_penalty)
+    plain.save(str(tmp_path / "plain.keras"))
+    with one_device.scope():
+        loaded = keras.models.load_model(str(tmp_path / "plain.keras"))
+    assert loaded.get_config()["sync_batch_norm"] is False
+    assert loaded.loss_fn is losses.hinge and loaded.penalty_fn is zero_penalty
+
+
+@keras.saving.register_keras_serializable("test_keras_model")
+def zero_penalty(discriminator, *, real, fake, noise):
+    return tf.zeros_like(noise)

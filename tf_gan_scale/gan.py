@@ -147,8 +147,9 @@ class GAN(keras.Model):
         # What `get_compile_config` saves: names stay names; a custom loss callable must be
         # registered with keras.saving.register_keras_serializable to be reloaded.
         self._gan_compile_config = {
-            "loss": loss if isinstance(loss, str) else keras.saving.serialize_keras_object(loss),
-            "d_steps": self.d_steps, "penalty": penalty,
+            "loss": _saved_name(loss, losses.LOSSES),
+            "d_steps": self.d_steps,
+            "penalty": _saved_name(penalty, penalties.PENALTIES),
             "penalty_weight": self.penalty_weight,
             "steps_per_execution": int(steps_per_execution), "fid_extractor": None}
         self._fid = None
@@ -177,8 +178,9 @@ class GAN(keras.Model):
         config = dict(config)
         for name in ("g_optimizer", "d_optimizer"):
             config[name] = keras.optimizers.deserialize(config[name])
-        if not isinstance(config["loss"], str):
-            config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
+        for name in ("loss", "penalty"):
+            if not isinstance(config[name], str):
+                config[name] = keras.saving.deserialize_keras_object(config[name])
         # Inside the strategy scope the GAN was created in: optimizer slots must be
         # mirrored like the variables they belong to.
         with self.distribute_strategy.scope():
@@ -247,9 +249,11 @@ class GAN(keras.Model):
         self.d_grad_norm_tracker.update_state(norm)
         return d_loss, finite, count
 
-    def _g_update(self, b, step):
+    def _g_update(self, b, step, uneven):
         """One G update on a fresh latent batch of size b; returns (global mean G loss,
-        finite) as `_d_update`."""
+        finite, global sum of `uneven`) as `_d_update`: `uneven` (this replica's verdict
+        on the split of the D batches) rides along, so every replica and worker reaches
+        the same verdict."""
         gb = replica.global_batch_size(b)
         z = latents.replica_normal(self.seed, step, latents.G_PHASE, b, [self.latent_dim])
         with tf.GradientTape() as tape:
@@ -260,10 +264,10 @@ class GAN(keras.Model):
             share = replica.global_mean(per_example, gb)
             loss = self.g_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.generator.trainable_variables)
-        (g_loss,), finite, norm = apply_global_gradients(
-            self.g_optimizer, grads, self.generator.trainable_variables, [share])
+        (g_loss, uneven), finite, norm = apply_global_gradients(
+            self.g_optimizer, grads, self.generator.trainable_variables, [share, uneven])
         self.g_grad_norm_tracker.update_state(norm)
-        return g_loss, finite
+        return g_loss, finite, uneven
 
     def train_step(self, data):
         """One GAN step on this replica. Runs inside `strategy.run`.
@@ -284,20 +288,23 @@ class GAN(keras.Model):
         batches = (data,) if self.d_steps == 1 else tuple(data)
         step = self.step
         nonfinite = tf.constant(0, tf.int32)
+        uneven = tf.constant(0.0)
         for k, batch in enumerate(batches):
             real, _ = _unpack(batch)
             d_loss, finite, count = self._d_update(real, step, k)
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
-            # Replicas' own rows differ from an even share: the local pre-step check
-            # (`make_train_function`) catches it within a worker, this across workers.
+            # This replica's rows differ from an even share of the global count. The
+            # single-worker pre-step check (`make_train_function`) stops that before the
+            # step; across workers it is summed in G's all-reduce, so all agree.
             even = tf.equal(count, tf.cast(replica.global_batch_size(tf.shape(real)[0]),
                                            tf.float32))
-            nonfinite = tf.where(even, nonfinite, UNEVEN)
+            uneven = tf.maximum(uneven, 1.0 - tf.cast(even, tf.float32))
             # Trackers hold global values on every replica: updating them is local, and
             # reading them in replica context (the step loop) needs no collective.
             self.d_loss_tracker.update_state(d_loss)
-        g_loss, finite = self._g_update(tf.shape(real)[0], step)
+        g_loss, finite, uneven = self._g_update(tf.shape(real)[0], step, uneven)
         nonfinite = tf.where(tf.logical_or(finite, nonfinite > 0), nonfinite, NONFINITE_G)
+        nonfinite = tf.where(uneven > 0, UNEVEN, nonfinite)
         # Finite gradients can still overflow a weight or a moving variance (a huge
         # learning rate, activations past 1e19): check the state a checkpoint would hold.
         # Local reads of mirrored variables: no collective.
@@ -402,12 +409,22 @@ class GAN(keras.Model):
         z = latents.rows_normal(latents.key(self.seed, latents.SAMPLE_STEP,
                                             latents.EVAL_PHASE), offset + rows,
                                 [self.latent_dim])
-        fake = self.generator(z, training=False)
-        logits = self.discriminator(tf.concat([real, fake], 0), training=False)
-        out = self.loss_fn(real_logits=logits[:b], fake_logits=logits[b:])
+
+        def local_sums():
+            fake = self.generator(z, training=False)
+            logits = self.discriminator(tf.concat([real, fake], 0), training=False)
+            out = self.loss_fn(real_logits=logits[:b], fake_logits=logits[b:])
+            if self._fid is not None:
+                self._fid.update(real, fake)
+            return tf.stack([tf.reduce_sum(out.d), tf.reduce_sum(out.g)])
+
+        # A replica can get no rows of a last partial batch (1 row over 2 replicas), and
+        # convolutions fail on empty batches on CPU: it contributes zero sums. The
+        # collectives stay outside the branch, so every replica runs them.
+        sums = tf.cond(b > 0, local_sums, lambda: tf.zeros([2]))
         # Sums over the global batch, divided once by its size: the per-example mean, as
         # in training, also when the replicas hold different numbers of rows.
-        sums = [tf.reduce_sum(out.d), tf.reduce_sum(out.g)]
+        sums = [sums[0], sums[1]]
         ctx = tf.distribute.get_replica_context()
         if ctx is not None and ctx.num_replicas_in_sync > 1:
             sums = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums)
@@ -415,8 +432,6 @@ class GAN(keras.Model):
         # Weighted by the batch's rows: the running mean is per example over the set.
         self.d_loss_tracker.update_state(sums[0] / count, sample_weight=count)
         self.g_loss_tracker.update_state(sums[1] / count, sample_weight=count)
-        if self._fid is not None:
-            self._fid.update(real, fake)
         return {"d_loss": self.d_loss_tracker.result(),
                 "g_loss": self.g_loss_tracker.result(), "examples": n}
 
@@ -473,7 +488,14 @@ class GAN(keras.Model):
             inputs = [z, labels] if len(self.generator.inputs or [z]) == 2 else z
         else:
             inputs = data
-        return self.generator(inputs, training=False)
+        z = inputs[0] if isinstance(inputs, list) else inputs
+        # A replica with no rows of a last partial batch: convolutions fail on empty
+        # batches on CPU, so it returns an empty output of the right shape.
+        out_shape = tf.concat([[0], tf.constant(self.generator.output_shape[1:])], 0)
+        outputs = getattr(self.generator, "outputs", None)  # None for some subclasses.
+        dtype = outputs[0].dtype if outputs else "float32"
+        return tf.cond(tf.shape(z)[0] > 0, lambda: self.generator(inputs, training=False),
+                       lambda: tf.zeros(out_shape, dtype))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras' version pulls a batch off the iterator (shifting the data order) and calls
@@ -484,6 +506,18 @@ class GAN(keras.Model):
     def generate(self, z, batch_size=256):
         """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
         return generate(self.generator, z, batch_size)
+
+
+def _saved_name(fn, table):
+    """How compile config stores a loss or penalty: its registry name when it is one of
+    ours (given by name or as the function), else Keras' serialization (which must be
+    registered: Keras would otherwise resolve an unregistered `hinge` to its own)."""
+    if isinstance(fn, str):
+        return fn
+    for name, known in table.items():
+        if fn is known:
+            return name
+    return keras.saving.serialize_keras_object(fn)
 
 
 def generate(generator, z, batch_size=256):

@@ -17,11 +17,13 @@ import os
 import re
 import shutil
 import tempfile
+import zipfile
 
 import keras
 import tensorflow as tf
 
 from tf_gan_scale import errors, train_lib
+from tf_gan_scale import gan as gan_lib
 
 
 def _check_keras_path(path, *, exists):
@@ -87,11 +89,16 @@ def keras_to_workdir(keras_path, config, workdir):
     if tf.train.latest_checkpoint(ckpt_dir) is not None:
         raise errors.ConfigError(f"{workdir!r} already holds checkpoints; choose a new "
                                  f"--workdir (nothing is overwritten)")
+    if not zipfile.is_zipfile(keras_path):
+        raise errors.ConfigError(f"{keras_path!r} is not a .keras file (not a zip archive)")
     try:
         source = keras.models.load_model(keras_path)
     except (ValueError, TypeError, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise errors.ConfigError(f"cannot load {keras_path!r} as a GAN: {first[:300]}") from None
+    if not isinstance(source, gan_lib.GAN):
+        raise errors.ConfigError(f"{keras_path!r} holds a {type(source).__name__}, not a "
+                                 f"tf_gan_scale GAN (saved with GAN.save)")
     data_shape = tuple(source.generator.output_shape[1:])
     model = train_lib.build_gan(config, data_shape)
     _copy("generator", model.generator.variables, source.generator.variables)
