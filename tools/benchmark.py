@@ -19,6 +19,14 @@ same global batch; the chief's JSON line is printed with "workers": N.
 
     python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
         --num_workers=2 --baseline=false [--config.model.sync_bn=false]
+
+Evaluation: `--eval_extractor=SPEC` times scoring instead (evaluation.fake_features: the
+config's generator, untrained, and the extractor over --eval_samples generated examples,
+FID statistics streamed, features kept with --eval_keep for KID/PR), after a warm-up pass,
+and reports images/sec and the process's peak resident memory.
+
+    python tools/benchmark.py --config=experiments/digits.py \
+        --eval_extractor=/tmp/digits_classifier.keras --eval_samples=50000
 """
 
 import io
@@ -53,6 +61,10 @@ flags.DEFINE_list("synthetic", None, "H,W,C: random uint8 images of this shape i
 flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
 flags.DEFINE_integer("num_workers", 1, "Local worker processes (multi_worker_mirrored).")
 flags.DEFINE_string("collective", "auto", "Multi-worker all-reduce implementation.")
+flags.DEFINE_string("eval_extractor", None, "Time scoring with this extractor instead.")
+flags.DEFINE_integer("eval_samples", 50000, "Generated examples scored (--eval_extractor).")
+flags.DEFINE_integer("eval_batch_size", 512, "Global evaluation batch (--eval_extractor).")
+flags.DEFINE_boolean("eval_keep", False, "Also gather the features (KID, PR).")
 FLAGS = flags.FLAGS
 
 
@@ -129,6 +141,37 @@ def run_workers(num_workers):
     print(json.dumps(result), flush=True)
 
 
+def time_evaluation(config, strategy):
+    """Prints {"eval_images_per_sec", "seconds", "peak_rss_mb", ...} for scoring."""
+    import resource
+    from tf_gan_scale import data, evaluation, train_lib
+    from tf_gan_scale.metrics import extractors
+    shape = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir).shape
+    with strategy.scope():
+        model = train_lib.build_gan(config, shape)
+        extractor = extractors.get(FLAGS.eval_extractor, shape)
+
+    def score(n):
+        stats, _ = evaluation.fake_features(
+            model.generator, model.latent_dim, extractor, strategy, num_samples=n, seed=0,
+            batch_size=FLAGS.eval_batch_size, keep=FLAGS.eval_keep)
+        return stats.result()
+
+    score(2 * FLAGS.eval_batch_size)  # Tracing, first allocations.
+    start = time.perf_counter()
+    score(FLAGS.eval_samples)
+    seconds = time.perf_counter() - start
+    result = {"config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
+              "strategy": FLAGS.strategy, "replicas": strategy.num_replicas_in_sync,
+              "extractor": extractor.name, "eval_samples": FLAGS.eval_samples,
+              "keep_features": FLAGS.eval_keep, "seconds": round(seconds, 2),
+              "eval_images_per_sec": round(FLAGS.eval_samples / seconds, 1),
+              # ru_maxrss is in KiB on Linux: the whole process (TensorFlow included).
+              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    if distribute.is_chief(strategy):
+        print(json.dumps(result), flush=True)
+
+
 def main(argv):
     del argv
     if FLAGS.num_workers < 1:
@@ -149,6 +192,8 @@ def main(argv):
     from tf_gan_scale import architectures, data, train_lib
 
     train_lib.validate(config, strategy.num_replicas_in_sync)
+    if FLAGS.eval_extractor:
+        return time_evaluation(config, strategy)
     gb = config.train.global_batch_size
     if FLAGS.synthetic:
         try:
