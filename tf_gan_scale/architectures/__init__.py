@@ -12,9 +12,9 @@ ConfigError naming the valid ones; nothing is silently dropped.
 import inspect
 
 from tf_gan_scale import errors
-from tf_gan_scale.architectures import dcgan, mlp
+from tf_gan_scale.architectures import dcgan, mlp, resnet
 
-ARCHITECTURES = {"mlp": mlp.build, "dcgan": dcgan.build}
+ARCHITECTURES = {"mlp": mlp.build, "dcgan": dcgan.build, "resnet": resnet.build}
 
 
 def options(name):
