@@ -6,9 +6,11 @@ from tf_gan_scale import architectures, errors
 from tf_gan_scale.layers import ReplicaDropout
 
 # Every family, over several data shapes it must support.
-SHAPES = {"mlp": [(2,), (5,)], "dcgan": [(8, 8, 1), (28, 28, 1), (12, 16, 3)]}
+SHAPES = {"mlp": [(2,), (5,)], "dcgan": [(8, 8, 1), (28, 28, 1), (12, 16, 3)],
+          "resnet": [(8, 8, 1), (16, 16, 3), (12, 16, 3), (32, 32, 3)]}
 SMALL = {"mlp": {"hidden": (16, 16)},
-         "dcgan": {"g_channels": (16, 8, 4), "d_channels": (4, 8), "d_norm": "batch"}}
+         "dcgan": {"g_channels": (16, 8, 4), "d_channels": (4, 8), "d_norm": "batch"},
+         "resnet": {"g_channels": (8, 8), "d_channels": (8, 8), "d_downsample": 2}}
 
 
 def test_every_architecture_has_shapes_to_test():
@@ -57,8 +59,9 @@ def test_dcgan_28x28_is_the_tensorflow_tutorial_model():
 
 
 def test_unknown_names_and_options_fail_loudly():
-    with pytest.raises(errors.ConfigError, match="unknown architecture 'resnet'; valid: dcgan, mlp"):
-        architectures.build("resnet", data_shape=(8, 8, 1), latent_dim=4)
+    with pytest.raises(errors.ConfigError,
+                       match="unknown architecture 'stylegan'; valid: dcgan, mlp, resnet"):
+        architectures.build("stylegan", data_shape=(8, 8, 1), latent_dim=4)
     with pytest.raises(errors.ConfigError, match="unknown option 'dropout' for architecture 'dcgan'"):
         architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=4, dropout=0.1)
     with pytest.raises(errors.ConfigError, match=r"Received: data_shape=\(10, 10, 1\)"):
