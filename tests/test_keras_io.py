@@ -68,7 +68,7 @@ def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
     (tmp_path / "text.keras").write_text("hello")
     cases = [
         ([f"--workdir={run}", f"--to_keras={keras_file}"], "already exists"),
-        ([f"--workdir={run}", f"--to_keras={tmp_path / 'gan.h5'}"], "must end in .keras"),
+        ([f"--workdir={run}", f"--to_keras={tmp_path / 'gan.h5'}"], "ending in .keras"),
         ([f"--workdir={tmp_path / 'none'}", f"--to_keras={tmp_path / 'x.keras'}"],
          "no training run"),
         ([f"--from_keras={keras_file}", f"--workdir={run}", *TINY], "already holds checkpoints"),

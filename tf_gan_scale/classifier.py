@@ -33,12 +33,10 @@ keras.utils.set_random_seed(seed) and the seeded shuffles.
 """
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 
-from tf_gan_scale import data, errors
+from tf_gan_scale import data, errors, keras_io
 
 DEFAULT_STEPS = 1000
 DEFAULT_BATCH_SIZE = 64
@@ -52,12 +50,7 @@ _LABELLED = ("embedded:digits, tfds:mnist, npz:PATH with an array 'y' or 'labels
 
 def check_output(path):
     """Raises ConfigError unless `path` is a new file name ending in .keras."""
-    if not str(path or "").endswith(".keras"):
-        raise errors.ConfigError(f"--output must be a file name ending in .keras; "
-                                 f"Received: {path!r}")
-    if os.path.lexists(path):
-        raise errors.ConfigError(f"--output {path!r} already exists (never overwritten); "
-                                 f"choose a new file name")
+    keras_io.check_new(path)
 
 
 def _check_args(steps, held_out_fraction, batch_size):
@@ -215,26 +208,9 @@ def fit(source, *, steps=DEFAULT_STEPS, held_out_fraction=DEFAULT_HELD_OUT_FRACT
 
 
 def save(model, output):
-    """Writes `model` to the new file `output` (.keras): saved to a temporary file in the
-    same directory, then linked into place, which fails rather than overwrite."""
-    check_output(output)
-    target = os.path.abspath(output)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-",
-                           dir=os.path.dirname(target))
-    try:
-        saved = os.path.join(tmp, "model.keras")
-        model.save(saved)
-        try:
-            os.link(saved, target)  # Atomic, and never replaces a file written meanwhile.
-        except FileExistsError:
-            raise errors.ConfigError(f"--output {output!r} already exists (never "
-                                     f"overwritten); choose a new file name") from None
-        except OSError:  # A file system without hard links.
-            check_output(output)
-            os.rename(saved, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Writes `model` to the new file `output` (.keras) without ever overwriting one
+    (`keras_io.save_new`)."""
+    keras_io.save_new(model, output)
 
 
 def train(source_spec, output, *, steps=DEFAULT_STEPS,

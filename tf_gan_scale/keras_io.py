@@ -26,13 +26,38 @@ from tf_gan_scale import errors, train_lib
 from tf_gan_scale import gan as gan_lib
 
 
-def _check_keras_path(path, *, exists):
-    if not str(path).endswith(".keras"):
-        raise errors.ConfigError(f"a Keras model file must end in .keras; Received: {path!r}")
-    if exists and not os.path.isfile(path):
-        raise errors.ConfigError(f"no such .keras file: {path!r}")
-    if not exists and os.path.lexists(path):
-        raise errors.ConfigError(f"{path!r} already exists; choose a new file name")
+def check_new(path):
+    """Raises ConfigError unless `path` is a new file name ending in .keras."""
+    if not str(path or "").endswith(".keras"):
+        raise errors.ConfigError(f"--output must be a file name ending in .keras; "
+                                 f"Received: {path!r}")
+    if os.path.lexists(path):
+        raise errors.ConfigError(f"--output {path!r} already exists (never overwritten); "
+                                 f"choose a new file name")
+
+
+def save_new(model, output):
+    """Writes `model` to the new file `output` (.keras): saved to a temporary file in the
+    same directory, then linked into place, which fails rather than overwrite a file
+    written meanwhile; nothing is left behind on failure."""
+    check_new(output)
+    target = os.path.abspath(output)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-",
+                           dir=os.path.dirname(target))
+    try:
+        saved = os.path.join(tmp, "model.keras")
+        model.save(saved)
+        try:
+            os.link(saved, target)  # Atomic, and never replaces a file written meanwhile.
+        except FileExistsError:
+            raise errors.ConfigError(f"--output {output!r} already exists (never "
+                                     f"overwritten); choose a new file name") from None
+        except OSError:  # A file system without hard links.
+            check_new(output)
+            os.rename(saved, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def workdir_to_keras(workdir, output):
@@ -41,24 +66,14 @@ def workdir_to_keras(workdir, output):
     Returns {"step", "checkpoint", "output"}. Bad input (no run, no checkpoint, an
     existing output) raises ConfigError before anything is written.
     """
-    _check_keras_path(output, exists=False)
+    check_new(output)
     config, data_shape = train_lib.load_run(workdir)
     model = train_lib.build_gan(config, data_shape)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()))
     if path is None:
         raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
-    target = os.path.abspath(output)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-",
-                           dir=os.path.dirname(target))
-    try:
-        saved = os.path.join(tmp, "model.keras")
-        model.save(saved)
-        _check_keras_path(target, exists=False)  # Nobody wrote there meanwhile.
-        os.rename(saved, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_new(model, output)
     return {"step": int(model.step.numpy()), "checkpoint": path, "output": os.fspath(output)}
 
 
@@ -83,7 +98,9 @@ def keras_to_workdir(keras_path, config, workdir):
     optimizers (same architecture and sizes, same optimizer types); its data source must
     have the .keras generator's output shape, checked when the binary resumes.
     """
-    _check_keras_path(keras_path, exists=True)
+    if not str(keras_path).endswith(".keras") or not os.path.isfile(keras_path):
+        raise errors.ConfigError(f"--from_keras must be an existing .keras file; "
+                                 f"Received: {keras_path!r}")
     train_lib.validate(config, 1)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if tf.train.latest_checkpoint(ckpt_dir) is not None:
