@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY, run_cmd
+from conftest import REPO, TINY, run_cmd
 
 pytestmark = pytest.mark.slow
 METRICS = "fid,kid,is,pr"
@@ -113,6 +113,8 @@ def test_one_device_two_replicas_and_two_workers_score_the_same(scored_run):
 
 def test_bad_input_is_one_line_exit_2(scored_run, tmp_path):
     workdir, extractor, cache = scored_run
+    rgb = tmp_path / "rgb.npz"  # 8x8 RGB images: another shape than the run's grey ones.
+    np.savez(rgb, x=np.zeros((50, 8, 8, 3), np.uint8))
     cases = [
         ([f"--workdir={workdir}"], "--workdir (or --samples) and --extractor are required"),
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--checkpoint=/no/ckpt-3"],
@@ -125,14 +127,53 @@ def test_bad_input_is_one_line_exit_2(scored_run, tmp_path):
          "more than the 1797 examples"),
         ([f"--workdir={tmp_path}", f"--extractor={extractor}"], "no training run"),
         ([f"--workdir={workdir}", f"--extractor={tmp_path / 'none.keras'}"], "none.keras"),
+        ([f"--workdir={workdir}", f"--extractor={extractor}", "--metrics=pr",
+          "--num_samples=3"], "need num_samples > 3"),
+        ([f"--workdir={workdir}", f"--extractor={extractor}", "--reference=npz:" +
+          str(rgb)], "takes images (8, 8, 1), the data has shape (8, 8, 3)"),
     ]
     for args, message in cases:
         proc = run_cmd(["tools/evaluate.py", *args])
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         lines = proc.stderr.strip().splitlines()
         assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-2:])
+    # Training configs that cannot be scored fail before training, leaving no workdir.
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path / 'run'}", *TINY,
+                    "--config.eval.every=2", f"--config.eval.extractor={extractor}",
+                    "--config.eval.num_samples=8"])
+    assert proc.returncode == 2 and "FID from 8 samples of 16-d features" in proc.stderr
+    assert not (tmp_path / "run").exists()
     # A training config asking for scores without an extractor fails before training.
     proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path / 'run'}", *TINY,
                     "--config.eval.every=2"])
     assert proc.returncode == 2 and "needs config.eval.extractor" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_workers_that_disagree_about_the_cache_all_recompute(scored_run, tmp_path):
+    # Worker 0 finds cached reference statistics, worker 1 (another machine's cache) does
+    # not: both must take the same path (computing runs collectives), and score right.
+    workdir, extractor, cache = scored_run
+    one = evaluate(workdir, extractor, cache, "--strategy=one_device")
+    for index in (0, 1):
+        (tmp_path / str(index)).mkdir()
+    for f in cache.glob("reference-*.npz"):
+        (tmp_path / "0" / f.name).write_bytes(f.read_bytes())
+    wrapper = tmp_path / "per_worker_cache.py"
+    wrapper.write_text(
+        "import json, os, sys\n"
+        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+        f"sys.argv = sys.argv + ['--cache_dir={tmp_path}/' + str(index)]\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        f"exec(compile(open({str(REPO)!r} + '/tools/evaluate.py').read(), 'evaluate.py', "
+        "'exec'), {'__name__': '__main__'})\n")
+    proc = run_cmd(["tools/launch_local.py", "--num_workers=2", "--", sys.executable,
+                    str(wrapper), f"--workdir={workdir}", f"--extractor={extractor}",
+                    f"--metrics={METRICS}", f"--num_samples={N}", "--batch_size=16",
+                    "--strategy=multi_worker_mirrored"])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines()
+             if '"fid"' in line]
+    assert len(lines) == 2
+    for scores in lines:
+        close(scores, one)

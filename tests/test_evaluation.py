@@ -1,6 +1,8 @@
 """evaluation.py: FID / KID / IS / PR sharded over replicas equal one device, and equal
 the metrics computed directly on the features of the same examples."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -160,3 +162,81 @@ def test_a_corrupt_cached_reference_is_recomputed(one_device, tmp_path, caplog):
     assert "unreadable" in caplog.text
     with np.load(path) as f:  # Rewritten whole.
         np.testing.assert_allclose(f["mu"], ref["mu"])
+
+
+def test_gathered_features_come_back_in_row_order(mirrored2):
+    _, extractor = setup(mirrored2)
+    x = data.sources.to_float(data.load("embedded:digits").arrays["x"][:N]).numpy()
+    rows = np.arange(N, dtype=np.int32)[::-1].copy()  # Fed in reverse order.
+    ds = tf.data.Dataset.from_tensor_slices({"x": x[rows], "row": rows})
+    _, kept = evaluation._stream(mirrored2, evaluation._padded(ds, 16), lambda b: b["x"],
+                                 extractor, keep=True)
+    direct = extractor(evaluation.quantize(tf.constant(x)))["features"].numpy()
+    np.testing.assert_allclose(kept["features"], direct, atol=1e-6)
+
+
+def test_the_cache_key_follows_n_and_the_extractor_weights(one_device, tmp_path):
+    _, extractor = setup(one_device)
+    weights = tmp_path / "weights.h5"
+    weights.write_bytes(b"one")
+    extractor.weights_path = str(weights)
+    source = data.load("embedded:digits")
+
+    def cached(n):
+        evaluation.reference(source, extractor, one_device, num_samples=n, batch_size=16,
+                             cache_dir=str(tmp_path / "cache"))
+        return {p.name for p in (tmp_path / "cache").glob("reference-*.npz")}
+
+    first = cached(N)
+    assert cached(N) == first  # Same key: reused.
+    assert len(cached(N + 1)) == 2  # Another N: another file.
+    weights.write_bytes(b"two")  # Same name, other weights: another file.
+    assert len(cached(N)) == 3
+
+
+class _Manager:
+    def __init__(self):
+        self.saved = []
+        self.latest_checkpoint = None
+
+    def save(self, checkpoint_number):
+        self.saved.append(checkpoint_number)
+        self.latest_checkpoint = f"ckpt-{checkpoint_number}"
+        return self.latest_checkpoint
+
+
+def test_the_best_checkpoint_follows_the_metric_across_a_resume(tmp_path):
+    from tf_gan_scale import callbacks
+    history = tmp_path / "metrics.jsonl"
+    scores = iter([3.0, 1.0, 2.0, 0.5, 1.5])
+
+    def score():
+        return {"extractor": "x", "num_samples": 10, "fid": next(scores), "is": 1.0}
+
+    manager = _Manager()
+    cb = callbacks.Evaluate(2, score, path=str(history), best="fid", best_manager=manager,
+                            history=str(history))
+    cb.on_train_begin()
+    for step in (2, 4, 6):
+        cb._fire(step, None)
+    assert manager.saved == [2, 4]  # 3, then 1; 2 is worse than 1.
+    # A resumed run reads the scores logged so far: 1.0 stays the one to beat.
+    manager = _Manager()
+    cb = callbacks.Evaluate(2, score, path=str(history), best="fid", best_manager=manager,
+                            history=str(history))
+    cb.on_train_begin()
+    cb._fire(8, None)   # 0.5: better.
+    cb._fire(10, None)  # 1.5: worse.
+    assert manager.saved == [8]
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [2, 4, 6, 8, 10]  # Appended, not truncated.
+    # Higher is better for IS.
+    assert evaluation.better("is", 2.0, 1.0) and not evaluation.better("fid", 2.0, 1.0)
+
+
+def test_a_generator_of_another_shape_than_the_reference_is_refused(one_device):
+    g, extractor = setup(one_device)
+    rgb = data.from_arrays("rgb", np.zeros((50, 8, 8, 3), np.uint8), None)
+    with pytest.raises(errors.ConfigError, match=r"generator makes examples of shape "
+                                                 r"\(8, 8, 1\) but the reference data rgb"):
+        evaluation.evaluate(g, LATENT, rgb, extractor, one_device, num_samples=N)

@@ -63,4 +63,5 @@ def base():
     c.eval.seed = 0                   # Fake example i comes from latents (seed, i).
     c.eval.cache_dir = ""             # Reference statistics; "" = ~/.cache/tf_gan_scale.
     c.eval.best = "fid"               # Keep checkpoints/best by this score; "" = none.
+    c.eval.allow_rank_deficient = False  # FID from fewer samples than feature dimensions.
     return c

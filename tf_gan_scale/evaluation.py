@@ -193,24 +193,51 @@ def _cache_path(cache_dir, source, extractor, num_samples, keep):
     return os.path.join(cache_dir, f"reference-{key}.npz")
 
 
+def _read_cache(path, extractor):
+    """The cached reference at `path`, or None (absent; unreadable: warned)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with np.load(path) as f:
+            ref = {k: f[k] for k in f.files}
+        if ref["mu"].shape != (extractor.feature_dim,):
+            raise ValueError(f"mu has shape {ref['mu'].shape}")
+        return ref
+    except Exception as e:  # Truncated or foreign file: recompute it.
+        logging.warning("reference statistics %s are unreadable (%s); recomputing", path,
+                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        return None
+
+
+def _any_replica(strategy, flag):
+    """Whether `flag` (a host bool) is True on any worker: one all-reduce across workers
+    (none on one worker, where every replica shares this process's value)."""
+    if len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync:
+        return bool(flag)
+    value = tf.constant(float(flag))
+
+    @tf.function
+    def reduce():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, value))
+
+    return float(strategy.experimental_local_results(reduce())[0]) > 0
+
+
 def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=False,
               cache_dir=None, write_cache=True):
     """Statistics of the real data: {"mu" [D], "sigma" [D, D], "num_samples", and with
     keep "features" [N, D] (+ "probs")}. Cached in `cache_dir` (keyed by source,
     extractor, its file's content and N): computed once, reused by every evaluation."""
-    path = None
-    if cache_dir:
-        path = _cache_path(cache_dir, source, extractor, num_samples, keep)
-        if os.path.isfile(path):
-            try:
-                with np.load(path) as f:
-                    ref = {k: f[k] for k in f.files}
-                if ref["mu"].shape != (extractor.feature_dim,):
-                    raise ValueError(f"mu has shape {ref['mu'].shape}")
-                return ref
-            except Exception as e:  # Truncated or foreign file: recompute it.
-                logging.warning("reference statistics %s are unreadable (%s); recomputing",
-                                path, str(e).splitlines()[0][:200] if str(e) else type(e))
+    path = _cache_path(cache_dir, source, extractor, num_samples, keep) if cache_dir else None
+    ref = _read_cache(path, extractor) if path else None
+    # Every worker must take the same branch (computing runs collectives): a worker whose
+    # cache it cannot read (another machine's ~/.cache, a file appearing meanwhile) makes
+    # all of them recompute. One tiny all-reduce.
+    if _any_replica(strategy, ref is None):
+        ref = None
+    if ref is not None:
+        return ref
     gb = _global_batch(strategy, batch_size)
     stats, kept = _stream(strategy, _padded(real_examples(source, num_samples), gb),
                           lambda b: b["x"], extractor, keep)
@@ -222,6 +249,22 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
         np.savez(tmp, **ref)
         os.replace(tmp, path)
     return ref
+
+
+def check_counts(metrics, extractor, num_samples, allow_rank_deficient=False):
+    """Enough samples for each metric, else ConfigError: FID needs N >= D (fewer give
+    rank-deficient covariances: a biased, unstable number) unless allowed; precision /
+    recall need N > k = 3 neighbours; KID and IS need N >= 2."""
+    if num_samples < 2:
+        raise errors.ConfigError(f"scoring needs num_samples >= 2; Received: {num_samples}")
+    if "fid" in metrics and num_samples < extractor.feature_dim and not allow_rank_deficient:
+        raise errors.ConfigError(
+            f"FID from {num_samples} samples of {extractor.feature_dim}-d features uses "
+            f"rank-deficient covariances (a biased, unstable number); use num_samples >= "
+            f"{extractor.feature_dim} or allow_rank_deficient (--allow_rank_deficient)")
+    if "pr" in metrics and num_samples <= 3:
+        raise errors.ConfigError(f"precision/recall use k = 3 nearest neighbours: they need "
+                                 f"num_samples > 3; Received: {num_samples}")
 
 
 def check_samples(samples, source, tolerance=0.01):
@@ -265,11 +308,11 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
     if samples is not None:
         samples = check_samples(samples, source)
         num_samples = len(samples)
-    if "fid" in metrics and num_samples < extractor.feature_dim and not allow_rank_deficient:
+    elif tuple(generator.output_shape[1:]) != tuple(source.shape):
         raise errors.ConfigError(
-            f"FID from {num_samples} samples of {extractor.feature_dim}-d features uses "
-            f"rank-deficient covariances (a biased, unstable number); use num_samples >= "
-            f"{extractor.feature_dim} or allow_rank_deficient (--allow_rank_deficient)")
+            f"the generator makes examples of shape {tuple(generator.output_shape[1:])} but "
+            f"the reference data {source.name} has {tuple(source.shape)}")
+    check_counts(metrics, extractor, num_samples, allow_rank_deficient)
     keep = any(m in metrics for m in ("kid", "pr", "is"))
     keep_real = any(m in metrics for m in ("kid", "pr"))
     ref = reference_stats or reference(source, extractor, strategy, num_samples=num_samples,

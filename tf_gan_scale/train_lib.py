@@ -173,12 +173,14 @@ def make_scorer(config, model, source, strategy, *, chief=True):
         extractor = extractors.get(e.extractor, source.shape,
                                    weights=e.extractor_weights or None)
     evaluation.check_metrics(names, extractor)
+    evaluation.check_counts(names, extractor, e.num_samples, e.allow_rank_deficient)
 
     def score():
         return evaluation.evaluate(
             model.generator, model.latent_dim, source, extractor, strategy,
             num_samples=e.num_samples, seed=e.seed, metrics=names, batch_size=e.batch_size,
-            cache_dir=cache_dir(e.cache_dir), write_cache=chief)
+            cache_dir=cache_dir(e.cache_dir), write_cache=chief,
+            allow_rank_deficient=e.allow_rank_deficient)
 
     return score
 
