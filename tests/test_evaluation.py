@@ -240,3 +240,17 @@ def test_a_generator_of_another_shape_than_the_reference_is_refused(one_device):
     with pytest.raises(errors.ConfigError, match=r"generator makes examples of shape "
                                                  r"\(8, 8, 1\) but the reference data rgb"):
         evaluation.evaluate(g, LATENT, rgb, extractor, one_device, num_samples=N)
+
+
+def test_evaluating_again_reuses_the_traced_steps(one_device):
+    g, extractor = setup(one_device)
+    source = data.load("embedded:digits")
+    first = evaluation.evaluate(g, LATENT, source, extractor, one_device, num_samples=N,
+                                seed=3, metrics=("fid",), batch_size=16)
+    second = evaluation.evaluate(g, LATENT, source, extractor, one_device, num_samples=N,
+                                 seed=3, metrics=("fid",), batch_size=16)
+    assert second["fid"] == first["fid"]  # The reused statistics were reset.
+    mine = [step for key, (_, step) in evaluation._STREAMS.items()
+            if key[0] is one_device and key[1] is extractor]
+    assert len(mine) == 2  # Real and fake.
+    assert [step.experimental_get_tracing_count() for step in mine] == [1, 1]

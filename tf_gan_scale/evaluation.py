@@ -80,10 +80,43 @@ def _pad(value, size, fill):
     return tf.pad(value, pad, constant_values=tf.cast(fill, value.dtype))
 
 
-def _stream(strategy, dataset, images_fn, extractor, keep):
+# (strategy, extractor, keep, *what images_fn depends on) -> (FeatureStats, traced step):
+# evaluating again (every `config.eval.every` steps) reuses both instead of retracing.
+_STREAMS = {}
+
+
+def _stream(strategy, dataset, images_fn, extractor, keep, memo=None):
     """Runs `extractor(images_fn(batch))` on every replica over `dataset` of padded global
     batches. Returns (FeatureStats, {"features" [N, D], "probs" [N, K]} in row order or
-    None)."""
+    None). `memo`: a tuple naming everything `images_fn` depends on, to reuse the traced
+    step and the statistics' variables across calls."""
+    key = None if memo is None else (strategy, extractor, bool(keep)) + tuple(memo)
+    if key in _STREAMS:
+        stats, step = _STREAMS[key]
+        stats.reset()
+    else:
+        stats, step = _make_step(strategy, images_fn, extractor, keep)
+        if key is not None:
+            _STREAMS[key] = stats, step
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dist = strategy.experimental_distribute_dataset(dataset.with_options(options))
+    parts = {}
+    for batch in dist:
+        for k, v in step(batch).items():
+            parts.setdefault(k, []).append(v)
+    if not keep:
+        return stats, None
+    # One host transfer per name at the end, not one per batch.
+    parts = {k: np.concatenate([t.numpy() for t in v]) for k, v in parts.items()}
+    rows = parts.pop("row")
+    order = np.argsort(rows, kind="stable")
+    order = order[rows[order] >= 0]
+    return stats, {k: v[order] for k, v in parts.items()}
+
+
+def _make_step(strategy, images_fn, extractor, keep):
+    """(FeatureStats, tf.function step(batch) -> gathered outputs) for `_stream`."""
     with strategy.scope():
         stats = metrics_lib.FeatureStats(extractor.feature_dim)
     want_probs = keep and extractor.num_classes is not None
@@ -105,19 +138,7 @@ def _stream(strategy, dataset, images_fn, extractor, keep):
         out = strategy.run(replica_step, args=(batch,))
         return {k: strategy.experimental_local_results(v)[0] for k, v in out.items()}
 
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dist = strategy.experimental_distribute_dataset(dataset.with_options(options))
-    parts = {}
-    for batch in dist:
-        for k, v in step(batch).items():
-            parts.setdefault(k, []).append(v.numpy())
-    if not keep:
-        return stats, None
-    rows = np.concatenate(parts.pop("row"))
-    order = np.argsort(rows, kind="stable")
-    order = order[rows[order] >= 0]
-    return stats, {k: np.concatenate(v)[order] for k, v in parts.items()}
+    return stats, step
 
 
 def _all_gather(values):
@@ -163,7 +184,8 @@ def fake_features(generator, latent_dim, extractor, strategy, *, num_samples, se
         z = latents.rows_normal(k, tf.maximum(batch["row"], 0), [int(latent_dim)])
         return generator(z, training=False)
 
-    return _stream(strategy, _padded(rows, gb), images, extractor, keep)
+    return _stream(strategy, _padded(rows, gb), images, extractor, keep,
+                   memo=(generator, int(latent_dim), int(seed), "fake"))
 
 
 def real_examples(source, num_samples):
@@ -240,7 +262,7 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
         return ref
     gb = _global_batch(strategy, batch_size)
     stats, kept = _stream(strategy, _padded(real_examples(source, num_samples), gb),
-                          lambda b: b["x"], extractor, keep)
+                          lambda b: b["x"], extractor, keep, memo=("real",))
     mu, sigma = stats.result()
     ref = {"mu": mu, "sigma": sigma, "num_samples": np.int64(num_samples), **(kept or {})}
     if path and write_cache:
@@ -326,7 +348,7 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
         ds = tf.data.Dataset.from_tensor_slices(
             {"x": samples, "row": np.arange(num_samples, dtype=np.int32)})
         stats, fake = _stream(strategy, _padded(ds, _global_batch(strategy, batch_size)),
-                              lambda b: b["x"], extractor, keep)
+                              lambda b: b["x"], extractor, keep, memo=("samples",))
     out = {"extractor": extractor.name, "num_samples": int(num_samples)}
     if "fid" in metrics:
         mu, sigma = stats.result()
