@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from graph_ops import all_reduces_per_replica  # noqa: E402  (tests/ is sys.path[0])
 
 flags.DEFINE_string("strategy", "one_device", "one_device, mirrored, multi_worker_mirrored.")
 flags.DEFINE_integer("num_cpu_devices", None, "Logical CPU devices (replicas per process).")
@@ -93,11 +94,7 @@ def load_source(name):
 def count_collectives(model, dist_dataset, strategy):
     """Collective all-reduce ops per replica in one traced GAN step."""
     graph = model._step_function.get_concrete_function(iter(dist_dataset)).graph
-    kinds = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce")
-    count = sum(op.type in kinds for op in graph.get_operations())
-    for fn in graph.as_graph_def().library.function:
-        count += sum(node.op in kinds for node in fn.node_def)
-    return count // len(strategy.extended.worker_devices)
+    return all_reduces_per_replica(graph, strategy)
 
 
 def rows_match_pipeline(strategy):

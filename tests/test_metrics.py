@@ -8,6 +8,7 @@ import scipy.linalg
 import scipy.spatial.distance
 import tensorflow as tf
 
+from graph_ops import all_reduces_per_replica
 from tf_gan_scale import metrics
 
 
@@ -250,12 +251,7 @@ def test_feature_stats_with_a_large_mean():
 
 def count_all_reduces(fn, strategy):
     """Collective all-reduce ops per replica in the graph traced from fn()."""
-    graph = tf.function(fn).get_concrete_function().graph
-    kinds = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce")
-    count = sum(op.type in kinds for op in graph.get_operations())
-    for fn_def in graph.as_graph_def().library.function:
-        count += sum(node.op in kinds for node in fn_def.node_def)
-    return count // len(strategy.extended.worker_devices)
+    return all_reduces_per_replica(tf.function(fn).get_concrete_function().graph, strategy)
 
 
 def test_feature_stats_two_replicas_match_one_device(mirrored2):
