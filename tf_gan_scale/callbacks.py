@@ -202,7 +202,8 @@ class Preemption(keras.callbacks.Callback):
 
 
 class Samples(_Every):
-    """Writes `samples/step_XXXXXXX.png` (grid or 2D scatter) from fixed latents.
+    """Writes `samples/step_XXXXXXX.png` (grid or 2D scatter) from fixed latents, of the
+    EMA generator if any (`GAN.sampler`); a conditional model's grid has a class per row.
 
     Args:
         directory: where PNGs go (created on first write).
@@ -222,7 +223,11 @@ class Samples(_Every):
 
     def fire(self, step, logs):
         z = latents.fixed(self.seed, self.num, self.model.latent_dim)
-        picture = images.render(self.model.generate(z).numpy(), self.reference)
+        labels = cols = None
+        if getattr(self.model, "num_classes", 0):  # One class per row.
+            labels, cols = images.class_rows(self.num, self.model.num_classes)
+        picture = images.render(self.model.generate(z, labels=labels).numpy(),
+                                self.reference, cols=cols)
         os.makedirs(self.directory, exist_ok=True)
         images.write_png(os.path.join(self.directory, f"step_{step:07d}.png"), picture)
         if self.writer is not None:

@@ -32,6 +32,9 @@ def base():
     c.model.d_norm = "none"
     c.model.g_channels = (256, 128, 64)
     c.model.d_channels = (64, 128)
+    # True: condition G and D on the data's class labels (architectures with a
+    # num_classes option, e.g. biggan); the number of classes comes from the source.
+    c.model.conditional = False
 
     c.train = ml_collections.ConfigDict()
     c.train.num_steps = 1000          # Generator steps.
@@ -44,6 +47,20 @@ def base():
         {"name": "adam", "learning_rate": 1e-4})
     c.train.d_optimizer = ml_collections.ConfigDict(
         {"name": "adam", "learning_rate": 1e-4})
+    # Learning-rate schedule of both optimizers (schedules.py): warm-up, then decay.
+    c.train.lr_decay = "none"         # none | linear | cosine (to 0 at num_steps).
+    c.train.lr_warmup_steps = 0
+    # EMA of G's weights (ema.py), used for samples and scores when decay > 0.
+    c.train.ema = ml_collections.ConfigDict({"decay": 0.0, "start": 0, "warmup": 0})
+    # Stabilizers (GAN.compile documents each): 0 / "" = off.
+    c.train.penalty_every = 1         # Lazy penalty: every k-th D update, weight x k.
+    c.train.augment = ""              # DiffAugment policy: color,translation,cutout.
+    c.train.label_smoothing = 0.0     # One-sided: D's real target 1 - s.
+    c.train.instance_noise = 0.0      # Std of noise on D's inputs, annealed linearly
+    c.train.instance_noise_steps = 0  # to 0 over this many steps (0: constant).
+    c.train.lecam_weight = 0.0        # LeCam regularization (Tseng et al. 2021).
+    c.train.lecam_decay = 0.99
+    c.train.ortho_weight = 0.0        # BigGAN's orthogonal regularization of G.
     c.train.steps_per_execution = 1
     # Steps between checkpoints / sample grids; 0 turns the periodic ones off (one is
     # still written when training ends, and a checkpoint on preemption).

@@ -36,6 +36,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import errors, latents
+from tf_gan_scale import gan as gan_lib
 from tf_gan_scale import metrics as metrics_lib
 from tf_gan_scale.data.sources import to_float
 
@@ -171,21 +172,24 @@ def _global_batch(strategy, batch_size):
 
 
 def fake_features(generator, latent_dim, extractor, strategy, *, num_samples, seed,
-                  batch_size=256, keep=False):
-    """Features of `num_samples` generated examples; fake i from latents (seed, i).
+                  batch_size=256, keep=False, num_classes=0):
+    """Features of `num_samples` generated examples; fake i from latents (seed, i) and,
+    for a conditional generator (num_classes > 0), a uniform class label from (seed, i).
 
     Returns (FeatureStats, kept features or None) as `_stream`. Create the generator
     (and extractor) inside `strategy.scope()`."""
     gb = _global_batch(strategy, batch_size)
     rows = tf.data.Dataset.range(num_samples).map(lambda i: {"row": tf.cast(i, tf.int32)})
-    k = latents.key(seed, latents.SAMPLE_STEP, 0)  # latents.fixed's key: sample grids too.
 
     def images(batch):
-        z = latents.rows_normal(k, tf.maximum(batch["row"], 0), [int(latent_dim)])
-        return generator(z, training=False)
+        rows = tf.maximum(batch["row"], 0)
+        # latents.fixed's latents: the sample grids' too.
+        z = latents.sample_normal(seed, rows, int(latent_dim))
+        labels = latents.sample_labels(seed, rows, num_classes) if num_classes else None
+        return gan_lib.call_generator(generator, z, labels)
 
     return _stream(strategy, _padded(rows, gb), images, extractor, keep,
-                   memo=(generator, int(latent_dim), int(seed), "fake"))
+                   memo=(generator, int(latent_dim), int(seed), int(num_classes), "fake"))
 
 
 def real_examples(source, num_samples):
@@ -309,13 +313,14 @@ def check_samples(samples, source, tolerance=0.01):
 
 def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples, seed=0,
              metrics=("fid",), batch_size=256, reference_stats=None, cache_dir=None,
-             write_cache=True, samples=None, allow_rank_deficient=False):
+             write_cache=True, samples=None, allow_rank_deficient=False, num_classes=0):
     """Scores `num_samples` generated examples (or the given `samples`) against as many
     real ones: the first `num_samples` of `source`.
 
     Args:
-        generator: Keras model [B, latent_dim] -> [B, *shape]; created in the strategy's
-            scope. Unused (may be None) with `samples`.
+        generator: Keras model [B, latent_dim] -> [B, *shape] (or [z, labels] -> images
+            with num_classes > 0: fake i gets a uniform label keyed by (seed, i)); created
+            in the strategy's scope. Unused (may be None) with `samples`.
         samples: optional float array [N, *shape] in [-1, 1]: images from anywhere
             (another framework), scored on the same terms; N replaces num_samples.
         allow_rank_deficient: FID with fewer samples than feature dimensions (singular
@@ -343,7 +348,8 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
     if samples is None:
         stats, fake = fake_features(generator, latent_dim, extractor, strategy,
                                     num_samples=num_samples, seed=seed,
-                                    batch_size=batch_size, keep=keep)
+                                    batch_size=batch_size, keep=keep,
+                                    num_classes=num_classes)
     else:
         ds = tf.data.Dataset.from_tensor_slices(
             {"x": samples, "row": np.arange(num_samples, dtype=np.int32)})

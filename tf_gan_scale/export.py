@@ -9,10 +9,9 @@ is off). The graph holds plain TensorFlow ops and variables only, so
 `tf.saved_model.load(path)` needs neither Keras custom objects nor tf_gan_scale, and the
 TF1 session loader of TF Serving and `saved_model_cli run` loads it too.
 
-Inputs are named, so the signature can grow: a conditional generator (not in the
-framework yet) will add `labels: int32 [B]` to `serving_default`; unconditional exports
-keep `z` alone. The weights are the raw generator weights of the latest checkpoint; once
-the generator EMA (issue 10) lands, its averaged weights are the ones to export.
+Inputs are named: a conditional generator's signature is `serving_default(z, labels:
+int32 [B])`; unconditional exports keep `z` alone. The weights are those `tools/sample.py`
+uses: the EMA generator's when the run trained one, else the generator's.
 """
 
 import os
@@ -44,13 +43,21 @@ class _Serving(tf.Module):
                                       name="latent_dim")
         self.step = tf.Variable(step, dtype=tf.int64, trainable=False, name="step")
 
-        @tf.function(input_signature=[
-            tf.TensorSpec([None, latent_dim], tf.float32, name="z")], autograph=False)
-        def serve(z):
-            # training=False: batch norm normalizes with its moving statistics (no
-            # cross-replica collective is traced) and dropout is the identity.
-            images = generator(z, training=False)
-            return {OUTPUT_KEY: tf.cast(images, tf.float32)}
+        z_spec = tf.TensorSpec([None, latent_dim], tf.float32, name="z")
+        # training=False: batch norm normalizes with its moving statistics (no
+        # cross-replica collective is traced) and dropout is the identity.
+        if getattr(generator, "num_classes", 0):
+            @tf.function(input_signature=[z_spec, tf.TensorSpec([None], tf.int32,
+                                                                name="labels")],
+                         autograph=False)
+            def serve(z, labels):
+                images = generator([z, labels], training=False)
+                return {OUTPUT_KEY: tf.cast(images, tf.float32)}
+        else:
+            @tf.function(input_signature=[z_spec], autograph=False)
+            def serve(z):
+                images = generator(z, training=False)
+                return {OUTPUT_KEY: tf.cast(images, tf.float32)}
 
         self.serve = serve
 

@@ -26,7 +26,9 @@ two optimizers anyway. Distributed math, in one place each:
 import keras
 import tensorflow as tf
 
-from tf_gan_scale import errors, latents, losses, penalties, replica
+from tf_gan_scale import augment as augment_lib
+from tf_gan_scale import ema as ema_lib
+from tf_gan_scale import errors, latents, losses, penalties, regularizers, replica
 from tf_gan_scale import gan_checks as checks
 from tf_gan_scale.replica import apply_global_gradients
 
@@ -50,6 +52,22 @@ def _unpack(batch):
     return x, tf.cast(labels, tf.int32)
 
 
+def is_conditional(model):
+    """A conditional network takes two inputs: [z or x, labels int32 [B]] (see
+    `architectures`); every other one takes a single input."""
+    return len(getattr(model, "inputs", None) or ()) == 2
+
+
+def call_generator(generator, z, labels=None, training=False):
+    """generator(z) or, for a conditional generator, generator([z, labels]):
+    z [B, latent_dim], labels int32 [B] -> [B, *data_shape]."""
+    if is_conditional(generator):
+        if labels is None:
+            raise ValueError("a conditional generator needs class labels")
+        return generator([z, tf.cast(labels, tf.int32)], training=training)
+    return generator(z, training=training)
+
+
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
 class GAN(keras.Model):
     """A generator/discriminator pair with a distributed GAN train step.
@@ -59,6 +77,13 @@ class GAN(keras.Model):
         discriminator: keras.Model, [B, *data_shape] -> [B, 1] (or [B]) logits.
         latent_dim: int, size of z ~ N(0, I).
         seed: int, seeds all training randomness (latents, penalty noise).
+        num_classes: int, 0 for an unconditional GAN; else the number of classes of a
+            conditional generator [z, labels] -> x and discriminator [x, labels] -> logits
+            (`architectures`): real labels come from the data, fake labels are drawn
+            uniformly per example from `latents`.
+        ema_decay / ema_start / ema_warmup: an EMA copy of the generator (`ema.py`),
+            `gan.ema_generator`, when ema_decay > 0 (e.g. 0.999). It is what `gan(z)`,
+            `predict`, `generate`, sample grids and scores use (`gan.sampler`).
         sync_batch_norm: "auto" (default), True or False. Plain Keras
             `BatchNormalization` computes per-replica statistics; "auto" replaces it by
             `layers.SyncBatchNormalization` (same config and weights: global-batch
@@ -77,13 +102,14 @@ class GAN(keras.Model):
     """
 
     def __init__(self, generator, discriminator, latent_dim, *, seed=0,
-                 sync_batch_norm="auto", **kwargs):
+                 sync_batch_norm="auto", num_classes=0, ema_decay=0.0, ema_start=0,
+                 ema_warmup=0, **kwargs):
         super().__init__(**kwargs)
         if not generator.built:
             generator.build((None, int(latent_dim)))
         if not discriminator.built:
             discriminator.build((None,) + tuple(generator.output_shape[1:]))
-        checks.check_networks(generator, discriminator)
+        checks.check_networks(generator, discriminator, int(num_classes))
         # Plain Keras BatchNormalization is per replica: swap in SyncBatchNormalization
         # (same weights) before the networks are tracked here (see convert.for_gan).
         from tf_gan_scale import convert
@@ -92,7 +118,14 @@ class GAN(keras.Model):
         self.discriminator = discriminator
         self.latent_dim = int(latent_dim)
         self.seed = int(seed)
+        self.num_classes = int(num_classes)
         self._sync_batch_norm = sync_batch_norm
+        self._ema_config = {"ema_decay": float(ema_decay), "ema_start": int(ema_start),
+                            "ema_warmup": int(ema_warmup)}
+        self.ema = None
+        if ema_decay:
+            self.ema = ema_lib.GeneratorEMA(generator, ema_decay, ema_start, ema_warmup)
+            self.ema_generator = self.ema.model
         self._eval_offset = 0  # Evaluation examples seen in this `evaluate` call.
         self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
@@ -104,7 +137,8 @@ class GAN(keras.Model):
 
     def get_config(self):
         return {"latent_dim": self.latent_dim, "seed": self.seed, "name": self.name,
-                "sync_batch_norm": self._sync_batch_norm,
+                "sync_batch_norm": self._sync_batch_norm, "num_classes": self.num_classes,
+                **self._ema_config,
                 "generator": keras.saving.serialize_keras_object(self.generator),
                 "discriminator": keras.saving.serialize_keras_object(self.discriminator)}
 
@@ -116,7 +150,10 @@ class GAN(keras.Model):
         return cls(g, d, **config)
 
     def compile(self, *, g_optimizer, d_optimizer, loss="hinge", d_steps=1, penalty="none",
-                penalty_weight=0.0, steps_per_execution=1, fid_extractor=None):
+                penalty_weight=0.0, steps_per_execution=1, fid_extractor=None,
+                penalty_every=1, augment="", label_smoothing=0.0, instance_noise=0.0,
+                instance_noise_steps=0, lecam_weight=0.0, lecam_decay=0.99,
+                ortho_weight=0.0):
         """Configures training.
 
         Args:
@@ -130,9 +167,46 @@ class GAN(keras.Model):
                 file, "inception_v3", "fid_inception:PATH.pb"): `evaluate` then also
                 reports "fid" between the data it is given and as many fakes, computed
                 across replicas (the extractor's name is logged with it).
+            penalty_every: int >= 1, lazy regularization (StyleGAN2): the penalty only
+                in every k-th D update, with its weight multiplied by k (same expected
+                strength, 1/k of the cost). Needs a D without batch norm.
+            augment: DiffAugment policy (`augment.py`: "color,translation,cutout"),
+                applied to every D input, real and fake, in the D and G updates.
+            label_smoothing: s in [0, 1), one-sided (Salimans et al. 2016): D's real
+                target is 1 - s. Cross-entropy losses only.
+            instance_noise / instance_noise_steps: std of Gaussian noise added to every
+                D input (real and fake, Sonderby et al. 2016), annealed linearly to 0
+                over instance_noise_steps G steps (0: constant).
+            lecam_weight / lecam_decay: LeCam regularization (Tseng et al. 2021) with
+                EMA anchors of D's global mean real and fake outputs.
+            ortho_weight: BigGAN's orthogonal regularization of G's kernels (1e-4 in
+                the paper).
         """
         if int(d_steps) < 1:
             raise ValueError(f"d_steps must be >= 1; Received: d_steps={d_steps}")
+        if int(penalty_every) < 1:
+            raise errors.ConfigError(f"penalty_every must be an integer >= 1; Received: "
+                                     f"{penalty_every!r}")
+        if int(penalty_every) > 1 and checks.has_batch_norm(self.discriminator):
+            raise errors.ConfigError(
+                f"penalty_every={penalty_every} (lazy regularization) needs a discriminator "
+                f"without batch norm (its all-reduces cannot sit in a conditional branch); "
+                f"valid: penalty_every=1, or d_norm='none'")
+        for name, value, high in (("label_smoothing", label_smoothing, 1.0),
+                                  ("lecam_decay", lecam_decay, 1.0)):
+            if not 0.0 <= float(value) < high:
+                raise errors.ConfigError(f"{name} must be in [0, {high:g}); Received: "
+                                         f"{value!r}")
+        for name, value in (("instance_noise", instance_noise), ("lecam_weight", lecam_weight),
+                            ("ortho_weight", ortho_weight),
+                            ("instance_noise_steps", instance_noise_steps)):
+            if not float(value) >= 0.0:
+                raise errors.ConfigError(f"{name} must be >= 0; Received: {value!r}")
+        augment_lib.check_policy(augment)
+        if label_smoothing and _saved_name(loss, losses.LOSSES) not in losses.CROSS_ENTROPY:
+            raise errors.ConfigError(
+                f"label_smoothing needs a cross-entropy loss; Received: loss={loss!r}; "
+                f"valid: {', '.join(losses.CROSS_ENTROPY)}")
         super().compile(steps_per_execution=steps_per_execution, jit_compile=False)
         self.g_optimizer = keras.optimizers.get(g_optimizer)
         self.d_optimizer = keras.optimizers.get(d_optimizer)
@@ -141,9 +215,17 @@ class GAN(keras.Model):
         # strategy scope, and fails). The step counter is G's optimizer: it stands in.
         self.optimizer = self.g_optimizer
         self.loss_fn = losses.get(loss)
+        if label_smoothing:
+            self.loss_fn = losses.smooth_real_labels(self.loss_fn, float(label_smoothing))
         self.penalty_fn = penalties.get(penalty)
         self.penalty_weight = float(penalty_weight)
         self.d_steps = int(d_steps)
+        self.penalty_every = int(penalty_every)
+        self.augment_policy = augment
+        self.instance_noise = float(instance_noise)
+        self.instance_noise_steps = int(instance_noise_steps)
+        self.lecam_weight, self.lecam_decay = float(lecam_weight), float(lecam_decay)
+        self.ortho_weight = float(ortho_weight)
         # What `get_compile_config` saves: names stay names; a custom loss callable must be
         # registered with keras.saving.register_keras_serializable to be reloaded.
         self._gan_compile_config = {
@@ -151,7 +233,12 @@ class GAN(keras.Model):
             "d_steps": self.d_steps,
             "penalty": _saved_name(penalty, penalties.PENALTIES),
             "penalty_weight": self.penalty_weight,
-            "steps_per_execution": int(steps_per_execution), "fid_extractor": None}
+            "steps_per_execution": int(steps_per_execution), "fid_extractor": None,
+            "penalty_every": self.penalty_every, "augment": augment,
+            "label_smoothing": float(label_smoothing), "instance_noise": self.instance_noise,
+            "instance_noise_steps": self.instance_noise_steps,
+            "lecam_weight": self.lecam_weight, "lecam_decay": self.lecam_decay,
+            "ortho_weight": self.ortho_weight}
         self._fid = None
         if fid_extractor:
             from tf_gan_scale import evaluation
@@ -162,6 +249,12 @@ class GAN(keras.Model):
         with self.distribute_strategy.scope():
             self.g_optimizer.build(self.generator.trainable_variables)
             self.d_optimizer.build(self.discriminator.trainable_variables)
+            # LeCam's anchors: EMAs of D's global mean real / fake outputs, state that a
+            # checkpoint must hold. Every replica computes them from the same global
+            # means, so each updates its own copy (aggregation NONE) identically.
+            if self.lecam_weight and getattr(self, "lecam_anchors", None) is None:
+                self.lecam_anchors = keras.Variable([0.0, 0.0], trainable=False,
+                                                    name="lecam_anchors")
         self.train_function = None
 
     def get_compile_config(self):
@@ -196,13 +289,27 @@ class GAN(keras.Model):
         """Generator steps taken so far (int64 variable)."""
         return self.g_optimizer.iterations
 
+    @property
+    def sampler(self):
+        """The generator to sample and score: the EMA generator if any, else G."""
+        return self.ema.model if self.ema is not None else self.generator
+
     def call(self, z, training=False):
-        return self.generator(z, training=training)
+        """Samples: `gan(z)` or, conditional, `gan([z, labels])` (the EMA generator if any)."""
+        if isinstance(z, (tuple, list)):
+            z, labels = z
+            return call_generator(self.sampler, z, labels, training=training)
+        return call_generator(self.sampler, z, training=training)
 
     def checkpoint_items(self):
         """What a checkpoint must hold for an exact resume (the step is g_optimizer's)."""
-        return {"generator": self.generator, "discriminator": self.discriminator,
-                "g_optimizer": self.g_optimizer, "d_optimizer": self.d_optimizer}
+        items = {"generator": self.generator, "discriminator": self.discriminator,
+                 "g_optimizer": self.g_optimizer, "d_optimizer": self.d_optimizer}
+        if self.ema is not None:
+            items["ema_generator"] = self.ema.model
+        if getattr(self, "lecam_anchors", None) is not None:
+            items["lecam_anchors"] = self.lecam_anchors
+        return items
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, inside the model's strategy scope: Keras'
@@ -213,8 +320,40 @@ class GAN(keras.Model):
 
     # ---- per-replica step -------------------------------------------------------------
 
-    def _d_update(self, real, step, k):
-        """One D update on this replica's real batch [B, ...].
+    def _discriminate(self, x, labels, training):
+        """D's logits for x [B, ...] with class labels [B] (ignored if unconditional)."""
+        if self.num_classes:
+            return self.discriminator([x, labels], training=training)
+        return self.discriminator(x, training=training)
+
+    def _fake_labels(self, step, phase, rows):
+        """Labels int32 [len(rows)] of the fakes of latents phase `phase` (zeros when
+        unconditional): uniform over the classes, one draw per global row."""
+        if not self.num_classes:
+            return tf.zeros(tf.shape(rows)[:1], tf.int32)
+        return latents.rows_labels(latents.key(self.seed, step, latents.LABEL_PHASE + phase),
+                                   rows, self.num_classes)
+
+    def _d_inputs(self, x, rows, step, phase):
+        """What D sees of images x [L, ...] with global rows [L]: DiffAugment, then
+        instance noise. Every draw is per example (keyed by the global row) and drawn
+        afresh per update (phase), so N replicas match one device and resume is exact."""
+        if self.augment_policy:
+            x = augment_lib.augment(
+                x, self.augment_policy,
+                latents.key(self.seed, step, latents.AUGMENT_PHASE + phase), rows)
+        if self.instance_noise:
+            std = tf.constant(self.instance_noise)
+            if self.instance_noise_steps:  # Linear annealing to 0.
+                done = tf.cast(step, tf.float32) / float(self.instance_noise_steps)
+                std = std * tf.maximum(0.0, 1.0 - done)
+            noise = latents.rows_normal(latents.key(self.seed, step, latents.NOISE_PHASE + phase),
+                                        rows, list(x.shape[1:]))
+            x = x + std * noise
+        return x
+
+    def _d_update(self, real, real_labels, step, k):
+        """One D update on this replica's real batch [B, ...] with labels [B].
 
         Returns (global mean D loss, finite, global row count): the loss of the whole
         global batch (its share rides on the gradient all-reduce, as does this replica's
@@ -225,29 +364,62 @@ class GAN(keras.Model):
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
         z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
-        fake = self.generator(z, training=True)
+        fake_labels = self._fake_labels(step, k, rows)
+        fake = call_generator(self.generator, z, fake_labels, training=True)
+        # One device sees [real rows 0..GB-1; fake rows 0..GB-1]: per-example noise in D
+        # (dropout, augmentation, instance noise) is keyed by that global position.
+        both_rows = tf.concat([rows, gb + rows], 0)
+        labels = tf.concat([real_labels, fake_labels], 0)
+        x = self._d_inputs(tf.concat([real, fake], 0), both_rows, step, k)
         with tf.GradientTape() as tape:
             # Real and fake go through D as ONE batch [2B, ...] (as in BigGAN-PyTorch): one
             # forward pass instead of two, and batch-norm statistics in D cover both halves.
-            # One device sees [real rows 0..GB-1; fake rows 0..GB-1]: per-example noise in D
-            # (dropout) is keyed by that global position.
-            with latents.example_rows(tf.concat([rows, gb + rows], 0)):
-                logits = self.discriminator(tf.concat([real, fake], 0), training=True)
+            with latents.example_rows(both_rows):
+                logits = self._discriminate(x, labels, training=True)
             real_logits, fake_logits = logits[:b], logits[b:]
             per_example = self.loss_fn(real_logits=real_logits, fake_logits=fake_logits).d
+            if self.lecam_weight:
+                per_example += self.lecam_weight * regularizers.lecam(
+                    real_logits, fake_logits, self.lecam_anchors[0], self.lecam_anchors[1])
             if self.penalty_fn is not None:
-                noise = latents.rows_uniform(
-                    latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows, [])
-                per_example += self.penalty_weight * self.penalty_fn(
-                    self.discriminator, real=real, fake=fake, noise=noise)
+                per_example += self._penalty(x[:b], x[b:], real_labels, rows, step, k)
             # This replica's share of the global mean; the all-reduce sums the shares.
             share = replica.global_mean(per_example, gb)
             loss = self.d_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.discriminator.trainable_variables)
-        (d_loss, count), finite, norm = apply_global_gradients(
-            self.d_optimizer, grads, self.discriminator.trainable_variables, [share, b])
+        # LeCam's anchors move with D's GLOBAL mean outputs: their shares ride along.
+        means = [replica.global_mean(tf.reshape(v, [-1]), gb)
+                 for v in (real_logits, fake_logits)] if self.lecam_weight else []
+        (d_loss, count, *means), finite, norm = apply_global_gradients(
+            self.d_optimizer, grads, self.discriminator.trainable_variables,
+            [share, b] + means)
+        if self.lecam_weight:
+            self.lecam_anchors.assign(regularizers.update_anchor(
+                self.lecam_anchors, tf.stack(means), self.lecam_decay))
         self.d_grad_norm_tracker.update_state(norm)
         return d_loss, finite, count
+
+    def _penalty(self, real, fake, labels, rows, step, k):
+        """penalty_weight x the per-example penalty [B] (penalties.py) on what D saw; with
+        penalty_every = e > 1 only in every e-th D update, times e (lazy regularization).
+        A conditional D is evaluated with the real labels."""
+        noise = latents.rows_uniform(
+            latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows, [])
+
+        def discriminator(x, training=True):
+            return self._discriminate(x, labels, training=training)
+
+        def compute(weight):
+            return weight * self.penalty_fn(discriminator, real=real, fake=fake, noise=noise)
+
+        e = self.penalty_every
+        if e == 1:
+            return compute(self.penalty_weight)
+        # D update number (0-based, all D updates so far): the same on every replica, so
+        # every replica takes the same branch (D has no batch norm: no collective inside).
+        update = tf.cast(step, tf.int64) * self.d_steps + k
+        return tf.cond(tf.equal(update % e, 0), lambda: compute(self.penalty_weight * e),
+                       lambda: tf.zeros(tf.shape(real)[:1]))
 
     def _g_update(self, b, step, uneven):
         """One G update on a fresh latent batch of size b; returns (global mean G loss,
@@ -255,18 +427,31 @@ class GAN(keras.Model):
         on the split of the D batches) rides along, so every replica and worker reaches
         the same verdict."""
         gb = replica.global_batch_size(b)
-        z = latents.replica_normal(self.seed, step, latents.G_PHASE, b, [self.latent_dim])
+        rows = replica.global_rows(b)
+        z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE), rows,
+                                [self.latent_dim])
+        labels = self._fake_labels(step, latents.G_PHASE, rows)
         with tf.GradientTape() as tape:
-            fake = self.generator(z, training=True)
-            fake_logits = self.discriminator(fake, training=True)
+            fake = call_generator(self.generator, z, labels, training=True)
+            x = self._d_inputs(fake, rows, step, latents.G_PHASE)
+            fake_logits = self._discriminate(x, labels, training=True)
             # real_logits only feed the D term, which G's gradient ignores.
             per_example = self.loss_fn(real_logits=fake_logits, fake_logits=fake_logits).g
             share = replica.global_mean(per_example, gb)
+            if self.ortho_weight:
+                # Not per example: every replica adds 1/N of it, so the summed gradient
+                # is the one-device gradient of the regularizer (regularizers.orthogonal).
+                share += self.ortho_weight * regularizers.orthogonal(
+                    _ortho_weights(self.generator)) / replica.num_replicas()
             loss = self.g_optimizer.scale_loss(share)
         grads = tape.gradient(loss, self.generator.trainable_variables)
         (g_loss, uneven), finite, norm = apply_global_gradients(
             self.g_optimizer, grads, self.generator.trainable_variables, [share, uneven])
         self.g_grad_norm_tracker.update_state(norm)
+        if self.ema is not None:
+            # Reads G's weights and the step after the update (automatic control
+            # dependencies order reads after writes of the same variable).
+            self.ema.update(self.generator, self.step)
         return g_loss, finite, uneven
 
     def train_step(self, data):
@@ -290,8 +475,8 @@ class GAN(keras.Model):
         nonfinite = tf.constant(0, tf.int32)
         uneven = tf.constant(0.0)
         for k, batch in enumerate(batches):
-            real, _ = _unpack(batch)
-            d_loss, finite, count = self._d_update(real, step, k)
+            real, labels = _unpack(batch)
+            d_loss, finite, count = self._d_update(real, labels, step, k)
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
             # This replica's rows differ from an even share of the global count. The
             # single-worker pre-step check (`make_train_function`) stops that before the
@@ -393,9 +578,10 @@ class GAN(keras.Model):
                 split unevenly over replicas (a last partial batch): rows are placed by
                 `replica.global_rows_uneven`.
             offset: int32 scalar, evaluation examples before this batch in this
-                `evaluate` call. Fake example i of an evaluation comes from latents keyed
-                by (seed, i) alone (`latents.EVAL_PHASE`), so the result depends on
-                neither batch size nor topology.
+                `evaluate` call. Fake example i of an evaluation comes from latents (and
+                a conditional one's class label) keyed by (seed, i) alone
+                (`latents.EVAL_PHASE`), so the result depends on neither batch size nor
+                topology. The fakes come from `sampler` (the EMA generator if any).
 
         Returns:
             {"d_loss", "g_loss": running global means over the evaluation so far (the
@@ -403,16 +589,19 @@ class GAN(keras.Model):
             training mode), "examples": int32 global rows of this batch}.
         Collectives: one gather of row counts, one all-reduce of the two loss sums.
         """
-        real, _ = _unpack(data)
+        real, real_labels = _unpack(data)
         b = tf.shape(real)[0]
         rows, n = replica.global_rows_uneven(b)
         z = latents.rows_normal(latents.key(self.seed, latents.SAMPLE_STEP,
                                             latents.EVAL_PHASE), offset + rows,
                                 [self.latent_dim])
+        fake_labels = self._fake_labels(latents.SAMPLE_STEP, latents.EVAL_PHASE, offset + rows)
 
         def local_sums():
-            fake = self.generator(z, training=False)
-            logits = self.discriminator(tf.concat([real, fake], 0), training=False)
+            fake = call_generator(self.sampler, z, fake_labels, training=False)
+            logits = self._discriminate(tf.concat([real, fake], 0),
+                                        tf.concat([real_labels, fake_labels], 0),
+                                        training=False)
             out = self.loss_fn(real_logits=logits[:b], fake_logits=logits[b:])
             if self._fid is not None:
                 self._fid.update(real, fake)
@@ -477,24 +666,24 @@ class GAN(keras.Model):
         return (list(logs) if isinstance(logs, (list, tuple)) else [logs]) + [fid]
 
     def predict_step(self, data):
-        """Generator outputs [B, *data_shape] for a batch of latents z [B, latent_dim] (or
-        (z, labels) for a generator with two inputs; an unconditional one ignores the
-        labels), in inference mode. Keras' predict loop distributes the batches and
+        """Samples [B, *data_shape] for a batch of latents z [B, latent_dim] (or (z, labels)
+        for a generator with two inputs; an unconditional one ignores the labels), in
+        inference mode, from `sampler` (the EMA generator if any). Keras' predict loop distributes the batches and
         concatenates the outputs in input order."""
         if isinstance(data, (tuple, list)) and len(data) == 1:
             data = data[0]
+        generator = self.sampler
         if isinstance(data, (tuple, list)):
             z, labels = data[0], data[1]
-            inputs = [z, labels] if len(self.generator.inputs or [z]) == 2 else z
+            inputs = [z, tf.cast(labels, tf.int32)] if is_conditional(generator) else z
         else:
-            inputs = data
-        z = inputs[0] if isinstance(inputs, list) else inputs
+            z = inputs = data
         # A replica with no rows of a last partial batch: convolutions fail on empty
         # batches on CPU, so it returns an empty output of the right shape.
-        out_shape = tf.concat([[0], tf.constant(self.generator.output_shape[1:])], 0)
-        outputs = getattr(self.generator, "outputs", None)  # None for some subclasses.
+        out_shape = tf.concat([[0], tf.constant(generator.output_shape[1:])], 0)
+        outputs = getattr(generator, "outputs", None)  # None for some subclasses.
         dtype = outputs[0].dtype if outputs else "float32"
-        return tf.cond(tf.shape(z)[0] > 0, lambda: self.generator(inputs, training=False),
+        return tf.cond(tf.shape(z)[0] > 0, lambda: generator(inputs, training=False),
                        lambda: tf.zeros(out_shape, dtype))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -503,9 +692,17 @@ class GAN(keras.Model):
         # (keras-team/keras#20585). Both networks are built in __init__, so skip it.
         return
 
-    def generate(self, z, batch_size=256):
-        """Generator outputs for latents z [N, latent_dim] -> [N, *data_shape], inference mode."""
-        return generate(self.generator, z, batch_size)
+    def generate(self, z, batch_size=256, labels=None):
+        """Samples for latents z [N, latent_dim] (and labels [N] if conditional) ->
+        [N, *data_shape], inference mode, from `sampler` (the EMA generator if any)."""
+        return generate(self.sampler, z, batch_size, labels)
+
+
+def _ortho_weights(generator):
+    """G's weights under orthogonal regularization: trainable kernels of rank >= 2,
+    without class embeddings (BigGAN-PyTorch leaves its shared embedding out)."""
+    return [w for w in generator.trainable_weights
+            if len(w.shape) >= 2 and "embedding" not in w.path.lower()]
 
 
 def _saved_name(fn, table):
@@ -520,8 +717,10 @@ def _saved_name(fn, table):
     return keras.saving.serialize_keras_object(fn)
 
 
-def generate(generator, z, batch_size=256):
-    """generator(z) in inference mode, in chunks: z [N, latent_dim] -> [N, *data_shape]."""
-    out = [generator(z[i:i + batch_size], training=False)
+def generate(generator, z, batch_size=256, labels=None):
+    """generator(z) (or generator([z, labels]) if conditional) in inference mode, in
+    chunks: z [N, latent_dim], labels int [N] -> [N, *data_shape]."""
+    out = [call_generator(generator, z[i:i + batch_size],
+                          None if labels is None else labels[i:i + batch_size])
            for i in range(0, int(z.shape[0]), batch_size)]
     return tf.concat(out, 0)

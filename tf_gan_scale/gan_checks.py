@@ -2,6 +2,7 @@
 where it can be seen (networks that do not fit together, a batch that does not split over
 the replicas) or right after the step, before any callback (non-finite state)."""
 
+import keras
 import tensorflow as tf
 
 UNEVEN_TAG = "tf_gan_scale: uneven batch split"  # Marks the pre-step assertion's message.
@@ -39,14 +40,33 @@ def uneven_message(strategy, when):
             f"a number of examples divisible by batch_size)")
 
 
-def check_networks(generator, discriminator):
+def _two_inputs(model):
+    return len(getattr(model, "inputs", None) or ()) == 2
+
+
+def check_networks(generator, discriminator, num_classes=0):
     """Raises ValueError (one line, before any step) when D does not take G's samples or
-    does not return one logit per example."""
+    does not return one logit per example, or when the networks' conditioning (two inputs:
+    [z or x, labels]) does not match `num_classes` (0: unconditional)."""
+    for name, model in (("generator", generator), ("discriminator", discriminator)):
+        if bool(num_classes) != _two_inputs(model):
+            raise ValueError(
+                f"num_classes={num_classes} but the {name} is "
+                f"{'conditional ([inputs, labels])' if _two_inputs(model) else 'unconditional'}"
+                f"; a conditional GAN needs num_classes > 0 and both networks taking "
+                f"[inputs, labels], an unconditional one num_classes=0 and single inputs")
     g_out = tuple(generator.output_shape[1:])
     try:  # Subclassed models may not know their input or output shapes: skip the check.
-        d_in = tuple(discriminator.input_shape[1:])
+        d_in = discriminator.input_shape
+        d_in = tuple((d_in[0] if num_classes else d_in)[1:])
     except (AttributeError, ValueError, NotImplementedError):
         d_in = g_out
+    if num_classes:
+        d_out = tuple(discriminator.output_shape[1:])
+        if d_in != g_out or d_out not in ((), (1,)):
+            raise ValueError(f"the conditional discriminator takes {d_in} and returns "
+                             f"{d_out}; the generator makes {g_out}; it must return [B, 1]")
+        return
     if d_in != g_out:
         raise ValueError(f"the generator's samples have shape {g_out} but the discriminator "
                          f"takes {d_in}; build both for the same data shape")
@@ -57,6 +77,12 @@ def check_networks(generator, discriminator):
     if d_out not in ((), (1,)):
         raise ValueError(f"the discriminator must return logits of shape [B, 1] or [B]; "
                          f"Received: [B, {', '.join(map(str, d_out))}]")
+
+
+def has_batch_norm(model):
+    """True when `model` has a batch-norm layer (whose training call runs collectives)."""
+    return any(isinstance(layer, keras.layers.BatchNormalization)
+               for layer in model._flatten_layers())  # Recursive, wrappers included.
 
 
 def all_finite(variables):

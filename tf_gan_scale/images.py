@@ -47,11 +47,20 @@ def scatter(points, *, reference=None, size=512, extent=None):
     return np.asarray(img)
 
 
-def render(samples, reference=None):
-    """A picture of generator samples: a grid for images [N,H,W,C], a scatter for [N,2]."""
+def class_rows(num_samples, num_classes):
+    """(labels int32 [num_samples], columns) of a class-per-row grid of a conditional
+    model: row k holds class k; columns = ceil(N / num_classes) (the last row may be
+    short)."""
+    cols = max(1, -(-num_samples // num_classes))
+    return np.minimum(np.arange(num_samples) // cols, num_classes - 1).astype(np.int32), cols
+
+
+def render(samples, reference=None, cols=None):
+    """A picture of generator samples: a grid for images [N,H,W,C] (`cols` columns, default
+    square), a scatter for [N,2]."""
     samples = np.asarray(samples)
     if samples.ndim == 4:
-        return grid(samples, scale=max(1, 64 // samples.shape[1]))
+        return grid(samples, cols=cols, scale=max(1, 64 // samples.shape[1]))
     if samples.ndim == 2 and samples.shape[1] == 2:
         return scatter(samples, reference=reference)
     raise ValueError(f"cannot render samples of shape {samples.shape}; need [N,H,W,C] or [N,2]")

@@ -67,8 +67,8 @@ def workdir_to_keras(workdir, output):
     existing output) raises ConfigError before anything is written.
     """
     check_new(output)
-    config, data_shape = train_lib.load_run(workdir)
-    model = train_lib.build_gan(config, data_shape)
+    config, data_shape, classes = train_lib.load_run(workdir)
+    model = train_lib.build_gan(config, data_shape, classes)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()))
     if path is None:
@@ -117,7 +117,7 @@ def keras_to_workdir(keras_path, config, workdir):
         raise errors.ConfigError(f"{keras_path!r} holds a {type(source).__name__}, not a "
                                  f"tf_gan_scale GAN (saved with GAN.save)")
     data_shape = tuple(source.generator.output_shape[1:])
-    model = train_lib.build_gan(config, data_shape)
+    model = train_lib.build_gan(config, data_shape, source.num_classes)
     _copy("generator", model.generator.variables, source.generator.variables)
     _copy("discriminator", model.discriminator.variables, source.discriminator.variables)
     _copy("g_optimizer", model.g_optimizer.variables, source.g_optimizer.variables)

@@ -36,6 +36,12 @@ PENALTY_PHASE = 2000
 DROPOUT_PHASE = 3000  # layers.ReplicaDropout: (layer seed, call count, DROPOUT_PHASE).
 EVAL_PHASE = 4000  # GAN.test_step: (seed, SAMPLE_STEP, EVAL_PHASE), row = evaluation index.
 SAMPLE_STEP = -1  # step value used for fixed evaluation/sampling latents.
+# Class labels of fake examples: phase LABEL_PHASE + the phase of the latents they go with
+# (D update k: LABEL_PHASE + k; G update: LABEL_PHASE + G_PHASE; sampling/evaluation:
+# (seed, SAMPLE_STEP, LABEL_PHASE), row = sample index).
+LABEL_PHASE = 5000
+NOISE_PHASE = 6000  # Instance noise of D update k: (seed, step, NOISE_PHASE + k).
+AUGMENT_PHASE = 7000  # DiffAugment of D update k: + k; of the G update: + G_PHASE.
 
 
 def _i64(hex_constant):
@@ -90,16 +96,32 @@ def rows_uniform(k, rows, shape):
     return tf.reshape(u, _shape(rows, shape))
 
 
-def rows_normal(k, rows, shape):
+def rows_normal(k, rows, shape, truncation=None):
     """Standard normal noise [len(rows), *shape] (float32) for the global rows `rows`:
     the inverse normal CDF of a uniform strictly inside (0, 1), computed in float64 (|z| is
-    at most 8.3)."""
+    at most 8.3).
+
+    truncation: optional float t > 0, the truncation trick (Brock et al. 2018): a normal
+    truncated to [-t, t], by mapping the same uniform into (Phi(-t), Phi(t)) before the
+    inverse CDF. No resampling loop, and each value is a monotone function of the
+    untruncated one (sample i keeps its identity, pulled towards the mode).
+    """
     size = int(np.prod(shape, dtype=np.int64))
     bits = _shr(_row_bits(k, rows, size), 12)  # Top 52 bits.
     # (2 bits + 1) / 2^53 is exact in float64 and lies in [2^-53, 1 - 2^-53]; with 53 bits,
     # bits + 0.5 would round up to 2^53 for the largest value, and ndtri(1) is inf.
     u = (tf.cast(bits, tf.float64) * 2.0 + 1.0) * (2.0 ** -53)
+    if truncation:
+        # Phi(-t) = erfc(t / sqrt 2) / 2 (accurate in the tail).
+        low = 0.5 * tf.math.erfc(tf.constant(float(truncation) / np.sqrt(2.0), tf.float64))
+        u = low + u * (1.0 - 2.0 * low)  # Phi(t) = 1 - Phi(-t).
     return tf.reshape(tf.cast(tf.math.ndtri(u), tf.float32), _shape(rows, shape))
+
+
+def rows_labels(k, rows, num_classes):
+    """Uniform class labels int32 [len(rows)] in [0, num_classes) for the global rows."""
+    u = rows_uniform(k, rows, [])
+    return tf.minimum(tf.cast(u * num_classes, tf.int32), num_classes - 1)
 
 
 def replica_normal(seed, step, phase, per_replica_batch, shape):
@@ -114,10 +136,21 @@ def global_normal(seed, step, phase, global_batch, shape):
     return rows_normal(key(seed, step, phase), tf.range(global_batch), shape)
 
 
-def fixed(seed, num, latent_dim):
+def fixed(seed, num, latent_dim, truncation=None):
     """Latents for sampling and sample grids: [num, latent_dim]; sample i depends on
     (seed, i) only, so the first k of any larger set are the same k."""
-    return global_normal(seed, SAMPLE_STEP, 0, num, [latent_dim])
+    return sample_normal(seed, tf.range(num), latent_dim, truncation)
+
+
+def sample_normal(seed, rows, latent_dim, truncation=None):
+    """Latents of samples `rows` (int [N]) for sampling and evaluation: [N, latent_dim]."""
+    return rows_normal(key(seed, SAMPLE_STEP, 0), rows, [latent_dim], truncation)
+
+
+def sample_labels(seed, rows, num_classes):
+    """Class labels int32 [N] of samples `rows` (int [N]) for sampling and evaluation
+    (uniform over the classes, as BigGAN's and StudioGAN's FID protocol)."""
+    return rows_labels(key(seed, SAMPLE_STEP, LABEL_PHASE), rows, num_classes)
 
 
 # ---- example rows of the batch a layer is called on ---------------------------------
@@ -158,3 +191,21 @@ def current_rows(batch_size):
     if rows.shape[0] is not None and static is not None and rows.shape[0] != static:
         raise ValueError(f"example_rows declared {rows.shape[0]} rows for a batch of {static}")
     return rows
+
+
+# ---- sub-streams of a key ----------------------------------------------------------
+
+_SUBKEY = _i64(0xD1B54A32D192ED03)  # An arbitrary odd constant: salts sub-stream indices.
+
+
+def subkey(k, i):
+    """Key (int64 scalar) of sub-stream `i` (int >= 0) of key `k`: independent draws from
+    one (seed, step, phase) key, e.g. one per transform of `augment.augment`.
+
+    subkey(k, i) = mix(k xor mix(i * golden + salt)), a fold-in like `key`'s last step:
+    distinct i give unrelated keys, and row r of a sub-key (`rows_uniform(subkey(k, i),
+    rows, shape)`) still depends only on (k, i, r), so it is the same on one device and
+    on N replicas.
+    """
+    i = tf.cast(i, tf.int64)
+    return _mix(tf.bitwise.bitwise_xor(tf.cast(k, tf.int64), _mix(i * _GOLDEN + _SUBKEY)))

@@ -64,6 +64,21 @@ LOSSES = {
 }
 
 
+# Losses whose D term is a cross-entropy against targets 1 (real) and 0 (fake).
+CROSS_ENTROPY = ("non_saturating", "minimax")
+
+
+def smooth_real_labels(loss_fn, smoothing):
+    """One-sided label smoothing (Salimans et al. 2016) of a cross-entropy loss: D's
+    target for real examples is 1 - s instead of 1. The real term becomes
+    (1 - s) softplus(-r) + s softplus(r) = softplus(-r) + s r; G's term is unchanged.
+    """
+    def smoothed(*, real_logits, fake_logits):
+        out = loss_fn(real_logits=real_logits, fake_logits=fake_logits)
+        return GanLoss(d=out.d + smoothing * _flat(real_logits), g=out.g)
+    return smoothed
+
+
 def get(name):
     """Loss function by name; unknown names raise ConfigError listing the valid ones."""
     if callable(name):

@@ -6,34 +6,66 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tf_gan_scale import architectures, errors, gan, images, latents, train_lib
+from tf_gan_scale import errors, gan, images, latents, train_lib
 
 
-def load_generator(workdir, checkpoint=None):
+def load_generator(workdir, checkpoint=None, ema=True):
     """(generator, latent_dim, step, checkpoint path) from the latest checkpoint in workdir
-    (or from `checkpoint`, a path such as WORKDIR/checkpoints/best/ckpt-500)."""
-    config, data_shape = train_lib.load_run(workdir)
-    generator, _ = architectures.build(config.model.name, data_shape=data_shape,
-                                       latent_dim=config.model.latent_dim,
-                                       **train_lib.model_options(config))
+    (or from `checkpoint`, a path such as WORKDIR/checkpoints/best/ckpt-500).
+
+    With ema=True (the default) a run trained with an EMA (config.train.ema.decay > 0)
+    gives its EMA generator, the one to sample and score; ema=False the raw one.
+    The generator's `num_classes` attribute is the number of classes it is conditioned
+    on (0: unconditional)."""
+    config, data_shape, classes = train_lib.load_run(workdir)
+    generator, _ = train_lib.build_networks(config, data_shape, classes)
+    generator.num_classes = classes
+    use_ema = ema and (config.train.get("ema") or {}).get("decay", 0.0) > 0
     ckpt_dir = os.path.join(workdir, "checkpoints")
-    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(generator=generator),
-                             path=checkpoint)
+    ckpt = (tf.train.Checkpoint(ema_generator=generator) if use_ema
+            else tf.train.Checkpoint(generator=generator))
+    path = train_lib.restore(ckpt_dir, ckpt, path=checkpoint)
     if path is None:
         raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
     step = int(re.search(r"ckpt-(\d+)$", path).group(1))
     return generator, config.model.latent_dim, step, path
 
 
-def from_workdir(workdir, num_samples, seed, batch_size=256):
-    """(samples [N, *data_shape] float32, step, checkpoint path)."""
-    generator, latent_dim, step, path = load_generator(workdir)
-    z = latents.fixed(seed, num_samples, latent_dim)
-    return gan.generate(generator, z, batch_size).numpy(), step, path
+def labels_for(generator, num_samples, class_id=None):
+    """(labels int32 [N] or None, grid columns or None) for sampling `generator`:
+    None for an unconditional one; all `class_id` if given; else a class per row.
+    A class id outside [0, num_classes) raises ConfigError."""
+    classes = getattr(generator, "num_classes", 0)
+    if not classes:
+        if class_id is not None:
+            raise errors.ConfigError(f"--class_id={class_id} but the model is unconditional "
+                                     f"(trained with config.model.conditional=False)")
+        return None, None
+    if class_id is None:
+        return images.class_rows(num_samples, classes)
+    if not 0 <= class_id < classes:
+        raise errors.ConfigError(f"--class_id={class_id} is out of range; valid: 0 to "
+                                 f"{classes - 1} ({classes} classes)")
+    return np.full([num_samples], class_id, np.int32), None
 
 
-def write(path, samples):
-    """Writes samples as .npy (raw) or .png (grid/scatter), atomically."""
+def from_workdir(workdir, num_samples, seed, batch_size=256, *, class_id=None,
+                 truncation=None, ema=True):
+    """(samples [N, *data_shape] float32, step, checkpoint path, grid columns or None).
+
+    Sample i comes from latents (seed, i) (truncated to [-t, t] with `truncation` = t) and,
+    conditional, class `class_id` or a class per grid row."""
+    if truncation is not None and not truncation > 0:
+        raise errors.ConfigError(f"--truncation must be > 0; Received: {truncation}")
+    generator, latent_dim, step, path = load_generator(workdir, ema=ema)
+    labels, cols = labels_for(generator, num_samples, class_id)
+    z = latents.fixed(seed, num_samples, latent_dim, truncation)
+    samples = gan.generate(generator, z, batch_size, labels).numpy()
+    return samples, step, path, cols
+
+
+def write(path, samples, cols=None):
+    """Writes samples as .npy (raw) or .png (grid/scatter, `cols` columns), atomically."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     if path.lower().endswith(".npy"):
@@ -42,7 +74,7 @@ def write(path, samples):
         os.replace(tmp, path)
     else:
         try:
-            picture = images.render(samples)
+            picture = images.render(samples, cols=cols)
         except ValueError as e:
             raise errors.ConfigError(str(e)) from None
         images.write_png(path, picture)

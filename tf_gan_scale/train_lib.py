@@ -29,17 +29,27 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import (architectures, callbacks, data, distribute, errors, gan as gan_lib,
-                          losses, penalties)
+                          losses, penalties, schedules)
+from tf_gan_scale import ema as ema_lib
 
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
               "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
 RUN_FILE = "run.json"
 
 
-def make_optimizer(cfg):
-    """Optimizer from a config dict {"name": ..., **kwargs}; bad names/keys raise ConfigError."""
+def make_optimizer(cfg, schedule=None):
+    """Optimizer from a config dict {"name": ..., **kwargs}; bad names/keys raise ConfigError.
+
+    schedule: optional (decay, warmup_steps, total_steps) for `schedules.WarmupDecay`
+    around the config's learning_rate, in this optimizer's own update count."""
     cfg = dict(cfg)
     cls = errors.choose("optimizer", cfg.pop("name", None), OPTIMIZERS)
+    if schedule is not None and "learning_rate" in cfg:
+        decay, warmup, total = schedule
+        if decay != "none" or warmup:
+            cfg["learning_rate"] = schedules.WarmupDecay(cfg["learning_rate"], decay=decay,
+                                                         warmup_steps=warmup,
+                                                         total_steps=total)
     try:
         return cls(**cfg)
     except (TypeError, ValueError) as e:
@@ -47,32 +57,68 @@ def make_optimizer(cfg):
 
 
 def model_options(config):
-    """Architecture options: everything in config.model besides name and latent_dim."""
+    """Architecture options: everything in config.model besides name, latent_dim and
+    conditional (the number of classes comes from the data: `num_classes`)."""
     return {k: (tuple(v) if isinstance(v, list) else v)
-            for k, v in config.model.items() if k not in ("name", "latent_dim")}
+            for k, v in config.model.items()
+            if k not in ("name", "latent_dim", "conditional")}
 
 
-def build_gan(config, data_shape):
-    """GAN (built and compiled) for `config`; call inside strategy.scope().
+def num_classes(config, data_classes):
+    """Classes the model is conditioned on: 0 unless config.model.conditional, else the
+    data source's (ConfigError when the source has no labels)."""
+    if not config.model.get("conditional", False):
+        return 0
+    if not data_classes or int(data_classes) < 2:
+        raise errors.ConfigError(
+            f"config.model.conditional=True needs labelled data with >= 2 classes; "
+            f"config.data.source={config.data.source!r} has {data_classes or 0}; valid: a "
+            f"tfds dataset with a label, npz with y/labels, a folder of class sub-folders, "
+            f"embedded:digits, toy:*; or conditional=False")
+    return int(data_classes)
 
-    Weight initialization is seeded by config.seed, so every topology starts from the
-    same weights (variables are created on replica 0 and broadcast).
-    """
+
+def build_networks(config, data_shape, classes=0):
+    """(generator, discriminator) of config.model (weights seeded by config.seed)."""
     keras.utils.set_random_seed(config.seed)
     options = model_options(config)
     if "seed" in architectures.options(config.model.name):
         options.setdefault("seed", config.seed)  # Layer seeds (dropout) follow config.seed.
-    g, d = architectures.build(config.model.name, data_shape=data_shape,
-                               latent_dim=config.model.latent_dim, **options)
+    return architectures.build(config.model.name, data_shape=data_shape,
+                               latent_dim=config.model.latent_dim, num_classes=classes,
+                               **options)
+
+
+def build_gan(config, data_shape, data_classes=0):
+    """GAN (built and compiled) for `config`; call inside strategy.scope().
+
+    data_classes: the data source's number of classes (used when config.model.conditional).
+    Weight initialization is seeded by config.seed, so every topology starts from the
+    same weights (variables are created on replica 0 and broadcast).
+    """
+    classes = num_classes(config, data_classes)
+    g, d = build_networks(config, data_shape, classes)
+    t = config.train
+    ema = t.get("ema") or {}
     # config.model.sync_bn=False asks for per-replica batch norm: keep it so.
     model = gan_lib.GAN(g, d, config.model.latent_dim, seed=config.seed,
-                        sync_batch_norm="auto" if config.model.get("sync_bn", True) else False)
-    t = config.train
-    model.compile(g_optimizer=make_optimizer(t.g_optimizer),
-                  d_optimizer=make_optimizer(t.d_optimizer), loss=t.loss,
-                  d_steps=t.d_steps, penalty=t.penalty, penalty_weight=t.penalty_weight,
-                  steps_per_execution=t.steps_per_execution)
+                        sync_batch_norm="auto" if config.model.get("sync_bn", True) else False,
+                        num_classes=classes, ema_decay=ema.get("decay", 0.0),
+                        ema_start=ema.get("start", 0), ema_warmup=ema.get("warmup", 0))
+    decay, warmup = t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0)
+    # Schedules count each optimizer's own updates: D makes d_steps per G step.
+    model.compile(g_optimizer=make_optimizer(t.g_optimizer, (decay, warmup, t.num_steps)),
+                  d_optimizer=make_optimizer(t.d_optimizer, (decay, warmup * t.d_steps,
+                                                             t.num_steps * t.d_steps)),
+                  loss=t.loss, d_steps=t.d_steps, penalty=t.penalty,
+                  penalty_weight=t.penalty_weight, steps_per_execution=t.steps_per_execution,
+                  **{k: t[k] for k in TECHNIQUES if k in t})
     return model
+
+
+# config.train keys passed to GAN.compile as they are (see its docstring).
+TECHNIQUES = ("penalty_every", "augment", "label_smoothing", "instance_noise",
+              "instance_noise_steps", "lecam_weight", "lecam_decay", "ortho_weight")
 
 
 # Numeric keys and their valid ranges; checked before any data is read or file written.
@@ -177,10 +223,10 @@ def make_scorer(config, model, source, strategy, *, chief=True):
 
     def score():
         return evaluation.evaluate(
-            model.generator, model.latent_dim, source, extractor, strategy,
+            model.sampler, model.latent_dim, source, extractor, strategy,
             num_samples=e.num_samples, seed=e.seed, metrics=names, batch_size=e.batch_size,
             cache_dir=cache_dir(e.cache_dir), write_cache=chief,
-            allow_rank_deficient=e.allow_rank_deficient)
+            allow_rank_deficient=e.allow_rank_deficient, num_classes=model.num_classes)
 
     return score
 
@@ -195,6 +241,16 @@ def validate(config, num_replicas):
     penalties.get(t.penalty)
     architectures.options(config.model.name)
     _check_numbers(config)
+    if config.model.get("conditional", False) and not architectures.conditional(
+            config.model.name):
+        raise errors.ConfigError(
+            f"config.model.conditional=True but architecture {config.model.name!r} is "
+            f"unconditional; conditional architectures: "
+            f"{', '.join(n for n in architectures.ARCHITECTURES if architectures.conditional(n))}")
+    if t.get("ema") is not None:
+        ema_lib.check(t.ema.decay, t.ema.start, t.ema.warmup, t.num_steps,
+                      prefix="config.train.ema.")
+    schedules.check(t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0), t.num_steps)
     for key in ("num_steps", "log_every"):
         if int(t[key]) % int(t.steps_per_execution):
             # One call of the step function runs steps_per_execution steps: a run (and a
@@ -232,13 +288,15 @@ def restore(ckpt_dir, checkpoint, path=None):
 
 
 def load_run(workdir):
-    """(config, data_shape) saved by `run` in `workdir`; ConfigError if there is none."""
+    """(config, data_shape, num_classes of the model) saved by `run` in `workdir`;
+    ConfigError if there is none."""
     path = os.path.join(workdir, RUN_FILE)
     if not os.path.isfile(path):
         raise errors.ConfigError(f"no training run in {workdir!r} (missing {RUN_FILE})")
     with open(path) as f:
         run = json.load(f)
-    return ml_collections.ConfigDict(run["config"]), tuple(run["data_shape"])
+    config = ml_collections.ConfigDict(run["config"])
+    return config, tuple(run["data_shape"]), num_classes(config, run.get("num_classes"))
 
 
 def write_run(workdir, config, data_shape, source=None):
@@ -262,7 +320,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     validate(config, strategy.num_replicas_in_sync)
     source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
     with strategy.scope():
-        model = build_gan(config, source.shape)
+        model = build_gan(config, source.shape, source.num_classes)
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
     # Every worker restores from the shared workdir (all must start from the same state).
     restored = restore(os.path.join(workdir, "checkpoints"), checkpoint)

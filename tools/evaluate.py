@@ -88,7 +88,8 @@ def main(argv):
         seed=FLAGS.seed, metrics=names, batch_size=FLAGS.batch_size, samples=samples,
         allow_rank_deficient=FLAGS.allow_rank_deficient,
         cache_dir=train_lib.cache_dir(FLAGS.cache_dir),
-        write_cache=distribute.is_chief(strategy))
+        write_cache=distribute.is_chief(strategy),
+        num_classes=getattr(generator, "num_classes", 0))
     print(f"step {step}: {evaluation.format_scores(scores)}", file=sys.stderr)
     print(json.dumps({"step": step, "checkpoint": path, **scores}))
     sys.stdout.flush()

@@ -1,0 +1,98 @@
+"""Exponential moving average (EMA) of the generator's weights: the generator you sample.
+
+    ema = GeneratorEMA(generator, decay=0.9999, start=1000, warmup=0)   # in strategy scope
+    ema.update(generator, step)   # after each G update, in replica context
+    ema.model(z)                  # a Keras model like `generator`
+
+BigGAN (Brock et al. 2018), ProGAN, StyleGAN and BigGAN-PyTorch sample and score an EMA
+of G's weights: it averages out the oscillation of adversarial training and typically
+gives a clearly lower FID than the raw generator.
+
+Schedule, for the generator step t counted AFTER the update (t = 1 after the first):
+    t <= start:          ema <- w                               (a copy: decay 0)
+    t > start:           ema <- d_t * ema + (1 - d_t) * w,
+                         d_t = decay * min(1, (t - start) / warmup)   (d_t = decay if warmup=0)
+so the average starts from the weights at `start` (BigGAN-PyTorch's `ema_start`) and its
+horizon grows linearly over `warmup` steps instead of averaging in the random init.
+
+Batch-norm statistics: the moving mean and variance are averaged like the weights
+(BigGAN-PyTorch's `ema` does the same to its buffers): the EMA model normalizes with
+an EMA of the statistics the live generator tracked, not statistics measured on the
+EMA weights themselves. BigGAN's alternative, "standing statistics" (re-estimating
+them by running the EMA model in training mode over many batches), is not implemented.
+Integer state (call counters of per-example dropout) is copied.
+
+Distributed: every replica holds the same weights, so every replica computes the same
+average from its local copies; the update is a local assign (mirrored variables with
+aggregation NONE update the replica's own copy in replica context) and costs no
+collective. The EMA weights are checkpointed (key "ema_generator"), so resume is exact.
+"""
+
+import keras
+import tensorflow as tf
+
+from tf_gan_scale import errors
+
+
+def check(decay, start, warmup, num_steps=None, prefix="ema_"):
+    """ConfigError for settings that make no sense (one line, naming the key as
+    `prefix` + decay/start/warmup and the valid range)."""
+    if not (isinstance(decay, (int, float)) and 0.0 <= float(decay) < 1.0):
+        raise errors.ConfigError(f"{prefix}decay must be in [0, 1) (0 = no EMA); Received: "
+                                 f"{decay!r}")
+    for name, value in (("start", start), ("warmup", warmup)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise errors.ConfigError(f"{prefix}{name} must be an integer >= 0; Received: "
+                                     f"{value!r}")
+    if decay and num_steps is not None and start >= num_steps:
+        raise errors.ConfigError(
+            f"{prefix}start={start} is not before the end of training (num_steps="
+            f"{num_steps}): the EMA would be a plain copy; valid: 0 <= start < {num_steps}")
+
+
+class GeneratorEMA:
+    """The EMA copy of a generator. Create it in the strategy scope the generator lives in.
+
+    Args:
+        generator: a built Keras model (Functional or Sequential: it is cloned).
+        decay: float in (0, 1), e.g. 0.999 (BigGAN-PyTorch: 0.9999).
+        start: G steps during which the EMA just copies the weights.
+        warmup: G steps after `start` over which the decay ramps linearly to `decay`.
+    """
+
+    def __init__(self, generator, decay, start=0, warmup=0):
+        check(decay, start, warmup)
+        self.decay, self.start, self.warmup = float(decay), int(start), int(warmup)
+        self.model = keras.models.clone_model(generator)
+        self.model.build(generator.inputs[0].shape if len(generator.inputs) == 1
+                         else [i.shape for i in generator.inputs])
+        self._pairs(generator)  # Checks the structure once.
+        self.model.set_weights(generator.get_weights())
+
+    def _pairs(self, generator):
+        pairs = list(zip(self.model.weights, generator.weights))
+        if len(self.model.weights) != len(generator.weights) or any(
+                tuple(e.shape) != tuple(w.shape) for e, w in pairs):
+            raise ValueError("the EMA model's weights do not match the generator's")
+        return pairs
+
+    def decay_at(self, step):
+        """d_t (float32 scalar tensor) for generator step `step` (counted after the update)."""
+        t = tf.cast(step, tf.float32) - float(self.start)
+        if self.warmup:
+            ramp = tf.minimum(1.0, t / float(self.warmup))
+        else:
+            ramp = tf.constant(1.0)
+        return tf.where(t > 0, self.decay * ramp, 0.0)
+
+    def update(self, generator, step):
+        """Moves the EMA towards `generator`'s weights (see the module docstring). Call in
+        replica context after the G update of step `step` - 1 (so `step` counts it)."""
+        d = self.decay_at(step)
+        ops = []
+        for e, w in self._pairs(generator):
+            value = tf.convert_to_tensor(w)
+            if value.dtype.is_floating:
+                value = d * e + (1.0 - d) * value
+            ops.append(e.assign(value))
+        return tf.group(ops)
