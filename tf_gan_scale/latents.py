@@ -209,21 +209,3 @@ def subkey(k, i):
     """
     i = tf.cast(i, tf.int64)
     return _mix(tf.bitwise.bitwise_xor(tf.cast(k, tf.int64), _mix(i * _GOLDEN + _SUBKEY)))
-
-
-# ---- sub-streams of a key ----------------------------------------------------------
-
-_SUBKEY = _i64(0xD1B54A32D192ED03)  # An arbitrary odd constant: salts sub-stream indices.
-
-
-def subkey(k, i):
-    """Key (int64 scalar) of sub-stream `i` (int >= 0) of key `k`: independent draws from
-    one (seed, step, phase) key, e.g. one per transform of `augment.augment`.
-
-    subkey(k, i) = mix(k xor mix(i * golden + salt)), a fold-in like `key`'s last step:
-    distinct i give unrelated keys, and row r of a sub-key (`rows_uniform(subkey(k, i),
-    rows, shape)`) still depends only on (k, i, r), so it is the same on one device and
-    on N replicas.
-    """
-    i = tf.cast(i, tf.int64)
-    return _mix(tf.bitwise.bitwise_xor(tf.cast(k, tf.int64), _mix(i * _GOLDEN + _SUBKEY)))
