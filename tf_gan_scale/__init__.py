@@ -35,6 +35,10 @@ _SERIALIZABLE = {
     "tf_gan_scale>GAN": "tf_gan_scale.gan",
     "tf_gan_scale>SyncBatchNormalization": "tf_gan_scale.layers.sync_batch_norm",
     "tf_gan_scale>ReplicaDropout": "tf_gan_scale.layers.replica_dropout",
+    "tf_gan_scale>WarmupDecay": "tf_gan_scale.schedules",
+    "tf_gan_scale>ConditionalBatchNormalization": "tf_gan_scale.layers.conditional_batch_norm",
+    "tf_gan_scale>SelfAttention": "tf_gan_scale.layers.self_attention",
+    "tf_gan_scale>Split": "tf_gan_scale.layers.split",
 }
 
 

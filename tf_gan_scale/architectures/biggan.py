@@ -1,0 +1,352 @@
+"""BigGAN generator and discriminator (Brock et al. 2018, arXiv:1809.11096), following
+BigGAN-PyTorch's `BigGAN.py` (its `G_arch` / `D_arch` tables) in our own Keras code.
+
+With num_classes > 0 the pair is class-conditional and takes TWO inputs:
+  G: [z float32 [B, latent_dim], labels int32 [B]] -> images [B, H, W, C] in [-1, 1]
+  D: [x [B, H, W, C], labels int32 [B]] -> logits [B, 1]
+With num_classes == 0 both take the single input of every other family (z, resp. x).
+Callers tell them apart by `len(model.inputs) == 2`.
+
+  G: z -> split into len(g_channels) + 1 chunks (hier) -> chunk 0 -> Dense 4*4*C0 ->
+     Reshape [4, 4, C0] -> GBlock per entry of g_channels (each doubles the resolution;
+     SelfAttention after the block that outputs `attention` x `attention`) ->
+     BN -> ReLU -> Conv 3x3 C -> tanh.
+     GBlock(c): cBN(c) -> ReLU -> Upsample 2x (nearest) -> Conv 3x3 -> cBN(c) -> ReLU ->
+                Conv 3x3, shortcut Upsample 2x -> Conv 1x1; summed.
+     c of block i: [shared(labels), z chunk i + 1] (conditional, hier), shared(labels)
+     (conditional, not hier), z chunk i + 1 (unconditional, hier); shared is ONE
+     Embedding(num_classes, shared_dim) for all blocks. Unconditional without hier: plain
+     batch norm (learned scale/offset) instead of cBN.
+     cBN (layers.ConditionalBatchNormalization): BN without scale/offset, then
+     * (1 + gain(c)) + bias(c) with bias-free Dense gain/bias (BigGAN-PyTorch `ccbn`).
+  D: DBlock per entry of d_channels (the first `d_downsample` halve the resolution;
+     SelfAttention after the first block that outputs `attention` x `attention`) ->
+     ReLU -> global SUM pool -> Dense 1, plus the projection sum(embed(labels) * h) when
+     conditional (Miyato & Koyama 2018).
+     DBlock: [ReLU] -> Conv 3x3 -> ReLU -> Conv 3x3 -> [AvgPool 2]; shortcut as SNGAN's
+     (first block: [AvgPool ->] Conv 1x1; later: Conv 1x1 -> [AvgPool] when the block
+     downsamples or changes width, else identity). "Wide" D: hidden width = output width.
+
+Channels are ch * multiplier. Presets by resolution (BigGAN-PyTorch's tables; `ch`, the
+attention resolution and d_downsample default to them too):
+  32:  G (4, 4, 4)               D (4, 4, 4, 4), 2 downsampling    ch 64, no attention
+  64:  G (16, 8, 4, 2)           D (1, 2, 4, 8, 16), 4             ch 64, no attention
+  128: G (16, 8, 4, 2, 1)        D (1, 2, 4, 8, 16, 16), 5         ch 96, attention 64
+  256: G (16, 8, 8, 4, 2, 1)     D (1, 2, 4, 8, 8, 16, 16), 6      ch 96, attention 64
+(BigGAN-PyTorch's default G_attn='64' also puts attention in G's LAST block at 64x64
+while its D has no 64x64 block there; `attention` here names one resolution for both
+networks, so the 64x64 default is none.) G starts at 4x4, so any other square size
+H = 4 * 2**k works with g_channels of length k (d_channels then default to the reverse
+of g_channels, every block downsampling down to 4x4).
+
+Spectral norm is Keras' `keras.layers.SpectralNormalization` on every Conv2D and Dense
+(G and D by default, as BigGAN), including the layers inside cBN and SelfAttention.
+Its power-iteration vector `vector_u` is a non-trainable weight (saved in checkpoints),
+and its training-mode update reads only the kernel and `u`, never the batch, so every
+replica computes identical `u` and kernels (see resnet.py: Keras' layer PROJECTS the
+kernel in place, kernel <- kernel / sigma, without the d(sigma)/dW gradient term). The
+embeddings: G's shared embedding is a plain Embedding, unnormalized, as in BigGAN-PyTorch
+("applying SN to G's embedding seems to randomly cripple G"). D's projection embedding
+(BigGAN-PyTorch: SNEmbedding) is `CategoryEncoding` one-hot -> spectrally normalized
+bias-free Dense: the Dense kernel [num_classes, features] IS the embedding matrix, so this
+is a spectrally normalized embedding with Keras' own wrapper. `SpectralNormalization`
+does accept an `Embedding` (it reads `embeddings`), but it casts the layer's output to
+the INPUT dtype, so an int32 label lookup returns int32 zeros (Keras 3.15.1), silently.
+
+Batch norm: every batch norm of G is cross-replica by default (sync_bn=True:
+SyncBatchNormalization, also inside cBN), so statistics are over the GLOBAL batch and N
+replicas match one device; momentum 0.9 and epsilon 1e-5 (BigGAN-PyTorch's 0.1 and 1e-5
+in PyTorch's momentum convention). D has no batch norm.
+
+Initialization ("init"): "ortho" (keras.initializers.Orthogonal, BigGAN's default),
+"glorot" (GlorotUniform) or "normal" (N(0, 0.02)) for every conv/dense kernel and both
+embeddings; biases start at zero (PyTorch keeps its default uniform bias init there).
+Each kernel gets its own initializer instance, so `keras.utils.set_random_seed` makes
+builds reproducible.
+"""
+
+import math
+import numbers
+
+import keras
+
+from tf_gan_scale import errors
+from tf_gan_scale.layers import (ConditionalBatchNormalization, SelfAttention, Split,
+                                 SyncBatchNormalization)
+
+# Resolution -> multipliers and defaults, from BigGAN-PyTorch's G_arch / D_arch (out_channels).
+PRESETS = {
+    32: {"g_channels": (4, 4, 4), "d_channels": (4, 4, 4, 4), "d_downsample": 2, "ch": 64,
+         "attention": 0},
+    64: {"g_channels": (16, 8, 4, 2), "d_channels": (1, 2, 4, 8, 16), "d_downsample": 4,
+         "ch": 64, "attention": 0},
+    128: {"g_channels": (16, 8, 4, 2, 1), "d_channels": (1, 2, 4, 8, 16, 16),
+          "d_downsample": 5, "ch": 96, "attention": 64},
+    256: {"g_channels": (16, 8, 8, 4, 2, 1), "d_channels": (1, 2, 4, 8, 8, 16, 16),
+          "d_downsample": 6, "ch": 96, "attention": 64},
+}
+INITS = ("ortho", "glorot", "normal")
+BN_MOMENTUM = 0.9
+BN_EPSILON = 1e-5
+
+
+def _initializer(init):
+    """A NEW initializer instance per kernel: an unseeded Keras initializer fixes its seed
+    when constructed, so sharing one instance would repeat values across same-shape kernels."""
+    if init == "ortho":
+        return keras.initializers.Orthogonal()
+    if init == "glorot":
+        return keras.initializers.GlorotUniform()
+    return keras.initializers.RandomNormal(mean=0.0, stddev=0.02)
+
+
+class _Builder:
+    """Layer factories sharing one network's spectral-norm and init settings."""
+
+    def __init__(self, *, sn, power_iterations, init, sync_bn):
+        self.sn, self.power_iterations, self.init = sn, power_iterations, init
+        self.sync_bn = sync_bn
+
+    def wrap(self, layer):
+        if not self.sn:
+            return layer
+        return keras.layers.SpectralNormalization(layer, power_iterations=self.power_iterations)
+
+    def conv(self, filters, k, use_bias=True):
+        return self.wrap(keras.layers.Conv2D(filters, k, padding="same", use_bias=use_bias,
+                                             kernel_initializer=_initializer(self.init)))
+
+    def dense(self, units, use_bias=True):
+        return self.wrap(keras.layers.Dense(units, use_bias=use_bias,
+                                            kernel_initializer=_initializer(self.init)))
+
+    def attention(self):
+        return SelfAttention(spectral_norm=self.sn, power_iterations=self.power_iterations,
+                             kernel_initializer=_initializer(self.init))
+
+    def norm(self, x, c):
+        """cBN of x conditioned on c, or plain batch norm (learned scale/offset) if c is None.
+        Statistics over the global batch unless sync_bn=False."""
+        if c is not None:
+            return ConditionalBatchNormalization(
+                momentum=BN_MOMENTUM, epsilon=BN_EPSILON, synchronized=self.sync_bn,
+                spectral_norm=self.sn, power_iterations=self.power_iterations,
+                kernel_initializer=_initializer(self.init))([x, c])
+        norm = SyncBatchNormalization if self.sync_bn else keras.layers.BatchNormalization
+        return norm(momentum=BN_MOMENTUM, epsilon=BN_EPSILON)(x)
+
+
+def _g_block(b, x, ch, c):
+    h = keras.layers.ReLU()(b.norm(x, c))
+    h = keras.layers.UpSampling2D(2)(h)
+    h = b.conv(ch, 3)(h)
+    h = keras.layers.ReLU()(b.norm(h, c))
+    h = b.conv(ch, 3)(h)
+    s = keras.layers.UpSampling2D(2)(x)
+    s = b.conv(ch, 1)(s)
+    return keras.layers.Add()([h, s])
+
+
+def _d_block(b, x, ch, *, down, first):
+    h = x if first else keras.layers.ReLU()(x)
+    h = b.conv(ch, 3)(h)
+    h = keras.layers.ReLU()(h)
+    h = b.conv(ch, 3)(h)
+    if down:
+        h = keras.layers.AveragePooling2D(2)(h)
+    s = x
+    if first:  # SNGAN's optimized first block: pool, then the 1x1 conv (cheaper).
+        if down:
+            s = keras.layers.AveragePooling2D(2)(s)
+        s = b.conv(ch, 1)(s)
+    elif down or x.shape[-1] != ch:
+        s = b.conv(ch, 1)(s)
+        if down:
+            s = keras.layers.AveragePooling2D(2)(s)
+    return keras.layers.Add()([h, s])
+
+
+def _chunk_sizes(total, parts):
+    """Sizes of `parts` consecutive chunks of `total` features, as even as possible (the
+    first ones one larger). BigGAN-PyTorch instead drops the remainder of z."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _multipliers(name, value):
+    try:
+        value = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        value = None
+    if not value or min(value) < 1:
+        raise errors.ConfigError(f"biggan {name} must be a non-empty tuple of ints >= 1 "
+                                 f"(channel multipliers); Received: {name}={value}")
+    return value
+
+
+def _resolution_error(data_shape, g_channels):
+    shape = "x".join(str(s) for s in data_shape)
+    if g_channels is not None:
+        k = len(g_channels)
+        return errors.ConfigError(
+            f"biggan with g_channels of length {k} makes {4 * 2 ** k}x{4 * 2 ** k} images "
+            f"(4*2**len(g_channels)); Received: {shape}")
+    sizes = ", ".join(f"{r}x{r}" for r in PRESETS)
+    return errors.ConfigError(f"biggan supports {sizes} (and any 4*2**k with g_channels of "
+                              f"length k); Received: {shape}")
+
+
+def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_channels=None,
+          d_downsample=None, attention=None, shared_dim=128, hier=True, sync_bn=True,
+          g_spectral_norm=True, d_spectral_norm=True, power_iterations=1, init="ortho"):
+    """Builds the BigGAN pair (see the module docstring for layout and presets).
+
+    Args:
+        data_shape: (H, H, C): H in PRESETS, or 4 * 2**len(g_channels).
+        latent_dim: int, size of z (>= len(g_channels) + 1 when hier).
+        num_classes: int >= 0; > 0 makes both networks class-conditional with a second
+            input `labels` int32 [B] in [0, num_classes).
+        ch: int, base width (channels = ch * multiplier); default the preset's (64 or 96)
+            or 64.
+        g_channels: G's block multipliers, one block (and one doubling from 4x4) each;
+            default the preset's.
+        d_channels: D's block multipliers; default the preset's, else reversed g_channels.
+        d_downsample: int, how many of D's first blocks halve the resolution; default the
+            preset's, else down to 4x4 (at most every block).
+        attention: int, the resolution of the self-attention block in G and D (0: none);
+            it must be a resolution that a G block and a D block output. Default: 64 at
+            128x128 and 256x256, else 0.
+        shared_dim: int, size of G's shared class embedding (conditional only).
+        hier: bool, hierarchical z: one chunk to the first Dense, one per G block into its
+            batch norms.
+        sync_bn: bool, cross-replica batch norm in G (statistics over the global batch).
+        g_spectral_norm / d_spectral_norm: bool, spectral norm on every conv/dense of G / D.
+        power_iterations: int >= 1, power iterations per training-mode call.
+        init: "ortho", "glorot" or "normal" (N(0, 0.02)).
+
+    Returns:
+        (generator, discriminator); see the module docstring for their inputs.
+
+    Example:
+        >>> g, d = build(data_shape=(16, 16, 3), latent_dim=8, num_classes=10, ch=4,
+        ...              g_channels=(2, 1), attention=8)
+        >>> x = g([z, labels]); logits = d([x, labels])
+    """
+    data_shape = tuple(data_shape)
+    if not _is_int(num_classes) or num_classes < 0:
+        raise errors.ConfigError(f"biggan num_classes must be an int >= 0; "
+                                 f"Received: num_classes={num_classes!r}")
+    num_classes = int(num_classes)
+    errors.choose("biggan init", init, {i: i for i in INITS})
+    for key, value in (("ch", ch), ("shared_dim", shared_dim),
+                       ("power_iterations", power_iterations), ("latent_dim", latent_dim)):
+        if value is not None and (not _is_int(value) or value < 1):
+            raise errors.ConfigError(f"biggan {key} must be an int >= 1; "
+                                     f"Received: {key}={value!r}")
+    if g_channels is not None:
+        g_channels = _multipliers("g_channels", g_channels)
+    if d_channels is not None:
+        d_channels = _multipliers("d_channels", d_channels)
+    if len(data_shape) != 3 or data_shape[0] != data_shape[1] or data_shape[2] < 1:
+        raise _resolution_error(data_shape, g_channels)
+    res = data_shape[0]
+    preset = PRESETS.get(res)
+    if g_channels is None:
+        if preset is None:
+            raise _resolution_error(data_shape, g_channels)
+        g_channels = preset["g_channels"]
+    elif res != 4 * 2 ** len(g_channels):
+        raise _resolution_error(data_shape, g_channels)
+    if d_channels is None:
+        d_channels = preset["d_channels"] if preset else tuple(reversed(g_channels))
+    max_down = min(len(d_channels), int(math.log2(res)))
+    if d_downsample is None:
+        d_downsample = min(preset["d_downsample"] if preset else res.bit_length() - 3,
+                           len(d_channels))
+    if not _is_int(d_downsample) or not 0 <= d_downsample <= max_down:
+        raise errors.ConfigError(f"biggan d_downsample must be in [0, {max_down}] (D blocks, "
+                                 f"halvings of {res}); Received: d_downsample={d_downsample!r}")
+    if ch is None:
+        ch = preset["ch"] if preset else 64
+    # The resolution each block outputs, in G and in D.
+    g_res = [8 * 2 ** i for i in range(len(g_channels))]
+    d_res = [res >> min(j + 1, d_downsample) for j in range(len(d_channels))]
+    if attention is None:
+        attention = preset["attention"] if preset else 0
+    valid = sorted(set(g_res) & set(d_res))
+    if attention != 0 and attention not in valid:
+        raise errors.ConfigError(
+            f"biggan attention must be 0 (none) or a resolution that a G block and a D block "
+            f"both output: {', '.join(map(str, valid)) or 'none here'}; "
+            f"Received: attention={attention!r}")
+    slots = len(g_channels) + 1 if hier else 1
+    if latent_dim < slots:
+        raise errors.ConfigError(
+            f"biggan with hier=True splits z into {slots} chunks (one per G block plus one); "
+            f"latent_dim must be >= {slots}; Received: latent_dim={latent_dim}")
+    conditional = num_classes > 0
+    channels = data_shape[-1]
+
+    # ---- Generator.
+    gb = _Builder(sn=g_spectral_norm, power_iterations=power_iterations, init=init,
+                  sync_bn=sync_bn)
+    z = keras.Input((latent_dim,), name="z")
+    inputs = [z]
+    shared = None
+    if conditional:
+        labels = keras.Input((), dtype="int32", name="labels")
+        inputs.append(labels)
+        # Not spectrally normalized (BigGAN-PyTorch); one embedding for every block.
+        shared = keras.layers.Embedding(num_classes, shared_dim, name="shared",
+                                        embeddings_initializer=_initializer(init))(labels)
+    if hier:
+        chunks = Split(_chunk_sizes(latent_dim, slots), name="z_chunks")(z)
+        z0 = chunks[0]
+        conds = [keras.layers.Concatenate()([shared, zc]) if conditional else zc
+                 for zc in chunks[1:]]
+    else:
+        z0 = z
+        conds = [shared] * len(g_channels)  # None when unconditional: plain batch norm.
+    c0 = ch * g_channels[0]
+    x = gb.dense(4 * 4 * c0)(z0)
+    x = keras.layers.Reshape((4, 4, c0))(x)
+    for mult, c, r in zip(g_channels, conds, g_res):
+        x = _g_block(gb, x, ch * mult, c)
+        if r == attention:
+            x = gb.attention()(x)
+    x = keras.layers.ReLU()(gb.norm(x, None))
+    x = gb.conv(channels, 3)(x)
+    x = keras.layers.Activation("tanh")(x)
+    generator = keras.Model(inputs if conditional else z, x, name="generator")
+
+    # ---- Discriminator.
+    db = _Builder(sn=d_spectral_norm, power_iterations=power_iterations, init=init,
+                  sync_bn=sync_bn)
+    image = keras.Input(data_shape, name="x")
+    h = image
+    placed = False
+    for j, (mult, r) in enumerate(zip(d_channels, d_res)):
+        h = _d_block(db, h, ch * mult, down=j < d_downsample, first=j == 0)
+        if r == attention and not placed:
+            h = db.attention()(h)
+            placed = True
+    h = keras.layers.ReLU()(h)
+    # Global SUM pooling (SNGAN/BigGAN): the mean times the number of positions.
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    h = keras.layers.Rescaling(float(d_res[-1] ** 2))(h)
+    logits = db.dense(1)(h)
+    if conditional:
+        d_labels = keras.Input((), dtype="int32", name="labels")
+        one_hot = keras.layers.CategoryEncoding(num_classes, output_mode="one_hot")(d_labels)
+        # One-hot @ kernel [num_classes, F] = embedding lookup, spectrally normalized
+        # (Keras' wrapper on an Embedding would cast its output to int32: module docstring).
+        embed = db.dense(h.shape[-1], use_bias=False)(one_hot)
+        projection = keras.layers.Dot(axes=1)([embed, h])  # sum(embed(y) * h): [B, 1].
+        logits = keras.layers.Add()([logits, projection])
+        discriminator = keras.Model([image, d_labels], logits, name="discriminator")
+    else:
+        discriminator = keras.Model(image, logits, name="discriminator")
+    return generator, discriminator
