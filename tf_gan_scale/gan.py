@@ -178,7 +178,10 @@ class GAN(keras.Model):
                 D input (real and fake, Sonderby et al. 2016), annealed linearly to 0
                 over instance_noise_steps G steps (0: constant).
             lecam_weight / lecam_decay: LeCam regularization (Tseng et al. 2021) with
-                EMA anchors of D's global mean real and fake outputs.
+                EMA anchors of D's global mean real and fake outputs. The anchors used in
+                a step are those of the steps before it (the official code folds the
+                current batch in first; here that would cost one more all-reduce before
+                the backward pass); the step's global means then update them.
             ortho_weight: BigGAN's orthogonal regularization of G's kernels (1e-4 in
                 the paper).
         """
