@@ -68,7 +68,8 @@ def test_conditional_families_and_num_classes():
         g, _ = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=4,
                                    num_classes=num_classes, g_channels=(4, 4, 4), d_channels=(4, 4))
         assert len(g.inputs) == 1
-    with pytest.raises(errors.ConfigError, match=r"num_classes must be an int >= 0; Received: num_classes=-1"):
+    with pytest.raises(errors.ConfigError,
+                       match=r"num_classes must be an int >= 0; Received: num_classes=-1"):
         architectures.build("biggan", data_shape=(32, 32, 3), latent_dim=8, num_classes=-1)
 
 

@@ -5,7 +5,8 @@ With num_classes > 0 the pair is class-conditional and takes TWO inputs:
   G: [z float32 [B, latent_dim], labels int32 [B]] -> images [B, H, W, C] in [-1, 1]
   D: [x [B, H, W, C], labels int32 [B]] -> logits [B, 1]
 With num_classes == 0 both take the single input of every other family (z, resp. x).
-Callers tell them apart by `len(model.inputs) == 2`.
+Callers tell them apart by `len(model.inputs) == 2`. (Keras refuses an input list that
+mixes numpy arrays and tensors in an eager call: pass [z, labels] as both tensors.)
 
   G: z -> split into len(g_channels) + 1 chunks (hier) -> chunk 0 -> Dense 4*4*C0 ->
      Reshape [4, 4, C0] -> GBlock per entry of g_channels (each doubles the resolution;
