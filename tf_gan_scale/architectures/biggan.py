@@ -212,9 +212,13 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
             input `labels` int32 [B] in [0, num_classes).
         ch: int, base width (channels = ch * multiplier); default the preset's (64 or 96)
             or 64.
-        g_channels: G's block multipliers, one block (and one doubling from 4x4) each;
-            default the preset's.
-        d_channels: D's block multipliers; default the preset's, else reversed g_channels.
+        g_channels: OUTPUT multipliers of G's blocks, one block (and one doubling from
+            4x4) each; the first Dense makes ch * g_channels[0] channels, block i maps
+            g_channels[i - 1] to g_channels[i]. These are BigGAN-PyTorch's `out_channels`
+            (128x128: (16, 8, 4, 2, 1)), not its `in_channels` (16, 16, 8, 4, 2).
+            Default: the preset's.
+        d_channels: OUTPUT multipliers of D's blocks (BigGAN-PyTorch's `out_channels`);
+            default the preset's, else reversed g_channels.
         d_downsample: int, how many of D's first blocks halve the resolution; default the
             preset's, else down to 4x4 (at most every block).
         attention: int, the resolution of the self-attention block in G and D (0: none);
