@@ -37,8 +37,8 @@ SGD = {"name": "sgd", "learning_rate": 0.1}
 
 
 def cases():
-    """{name: (config overrides, data source)}: one knob each on top of a tiny DCGAN
-    with cross-replica batch norm in G and D, plain SGD, no dropout."""
+    """{name: (config overrides, data source[, steps])}: one knob each on top of a tiny
+    DCGAN with cross-replica batch norm in G and D, plain SGD, no dropout."""
     dcgan = {"model.d_norm": "batch", "model.d_dropout": 0.0}
     return {
         "sgd": (dcgan, "digits"),
@@ -56,6 +56,23 @@ def cases():
                         "train.d_optimizer": {"name": "sgd", "learning_rate": 1e-3}},
                        "shifted"),
         "local_bn": ({**dcgan, "model.sync_bn": False}, "digits"),
+        # Issue 10's pieces together, 10 steps: a class-conditional BigGAN (cross-replica
+        # conditional BN, spectral norm in G and D with their u vectors, self-attention,
+        # projection D), EMA generator, DiffAugment, orthogonal regularization, hinge.
+        "biggan": ({"model.name": "biggan", "model.conditional": True, "model.ch": 4,
+                    "model.g_channels": (2, 2), "model.d_channels": (1, 2),
+                    "model.attention": 8, "model.shared_dim": 4, "train.loss": "hinge",
+                    "train.ema": {"decay": 0.9, "start": 2, "warmup": 3},
+                    "train.augment": "color,translation,cutout",
+                    "train.ortho_weight": 1e-3,
+                    "train.g_optimizer": {"name": "sgd", "learning_rate": 0.01},
+                    "train.d_optimizer": {"name": "sgd", "learning_rate": 0.01}},
+                   "digits16", 10),
+        # The D-side stabilizers: LeCam, instance noise, label smoothing, lazy R1.
+        "stabilizers": ({"model.d_dropout": 0.0, "train.lecam_weight": 0.5,
+                         "train.instance_noise": 0.1, "train.instance_noise_steps": 4,
+                         "train.label_smoothing": 0.1, "train.penalty": "r1",
+                         "train.penalty_weight": 1.0, "train.penalty_every": 2}, "digits"),
     }
 
 
@@ -73,8 +90,8 @@ def make_config(overrides, source):
     # D update of "sgd": rounding then flips its slope on some topologies and the G
     # gradient moves by 1% (a property of the point, not of the distributed math).
     c["seed"] = 1
-    if overrides.get("model.name") == "mlp":
-        c["model"] = dict(name="mlp", latent_dim=8)
+    if overrides.get("model.name") in ("mlp", "biggan"):
+        c["model"] = dict(name=overrides["model.name"], latent_dim=8)
     for key, value in overrides.items():
         section, leaf = key.split(".")
         c[section][leaf] = value
@@ -86,6 +103,10 @@ def load_source(name):
     from tf_gan_scale import data
     if name == "digits":
         return data.load("embedded:digits")
+    if name == "digits16":  # 16x16 (each pixel 2x2): G's 8x8 block and D's first share 8x8.
+        digits = data.load("embedded:digits").arrays
+        x = np.repeat(np.repeat(digits["x"], 2, axis=1), 2, axis=2)
+        return data.from_arrays("digits16", x, digits["label"])
     toy = data.load("toy:grid25")  # 2D points in [-4, 4], shifted to a mean of 3,000.
     return data.from_arrays("shifted", toy.arrays["x"][:4096] + 3000.0,
                             toy.arrays["label"][:4096])
@@ -130,24 +151,30 @@ def main(argv):
         replica.global_mean = lambda per_example, global_batch: tf.reduce_mean(per_example)
     out = {"rows_ok": rows_match_pipeline(strategy)}
     multi_worker = FLAGS.strategy == "multi_worker_mirrored"
-    for name, (overrides, source_name) in cases().items():
+    for name, (overrides, source_name, *steps) in cases().items():
         if FLAGS.cases and name not in FLAGS.cases:
             continue
         config = make_config(overrides, source_name)
         source = load_source(source_name)
         with strategy.scope():
-            model = train_lib.build_gan(config, source.shape)
+            model = train_lib.build_gan(config, source.shape, source.num_classes)
         dataset = data.distribute(
             data.make_dataset(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
         if multi_worker:
             model.make_train_function()
             out[f"collectives/{name}"] = np.array(count_collectives(model, dataset, strategy))
-        history = model.fit(dataset, epochs=FLAGS.steps, steps_per_epoch=1, verbose=0).history
+        history = model.fit(dataset, epochs=steps[0] if steps else FLAGS.steps,
+                            steps_per_epoch=1, verbose=0).history
         for tag in ("d_loss", "g_loss"):
             out[f"{name}/{tag}"] = np.array(history[tag])
-        for net in (model.generator, model.discriminator):
+        nets = {"generator": model.generator, "discriminator": model.discriminator}
+        if model.ema is not None:
+            nets["ema_generator"] = model.ema.model
+        if getattr(model, "lecam_anchors", None) is not None:
+            out[f"{name}/lecam_anchors"] = model.lecam_anchors.numpy()
+        for label, net in nets.items():
             for i, v in enumerate(net.weights):  # Same creation order on every topology.
-                out[f"{name}/{net.name}/{i:03d}"] = np.asarray(v.numpy())
+                out[f"{name}/{label}/{i:03d}"] = np.asarray(v.numpy())
     if distribute.is_chief(strategy):
         np.savez(FLAGS.out, **out)
 

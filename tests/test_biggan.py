@@ -349,12 +349,14 @@ def test_cross_replica_norms_need_no_conversion_and_per_replica_ones_are_reporte
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"data_shape": (28, 28, 1)},
-     "biggan supports 32x32, 64x64, 128x128, 256x256 (and any 4*2**k with g_channels of "
-     "length k); Received: 28x28x1"),
+     "biggan supports 32x32, 64x64, 128x128, 256x256 (and any bottom_width*2**k with "
+     "g_channels of length k); Received: 28x28x1"),
+    ({"data_shape": (28, 28, 1), "g_channels": (2, 1), "bottom_width": 6},
+     "biggan with g_channels of length 2 and bottom_width 6 makes 24x24 images"),
     ({"data_shape": (32, 16, 3)}, "biggan supports 32x32, "),
     ({"data_shape": (32, 32, 3), "g_channels": (2, 1)},
-     "biggan with g_channels of length 2 makes 16x16 images (4*2**len(g_channels)); "
-     "Received: 32x32x3"),
+     "biggan with g_channels of length 2 and bottom_width 4 makes 16x16 images "
+     "(bottom_width*2**len(g_channels)); Received: 32x32x3"),
     ({"data_shape": (32, 32, 3), "attention": 32},
      "biggan attention must be 0 (none) or a resolution that a G block and a D block both "
      "output: 8, 16; Received: attention=32"),
@@ -412,3 +414,17 @@ def test_saved_generator_loads_in_a_fresh_process_with_only_tf_gan_scale_importe
     proc = run_cmd(["-c", script])
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), g([z, y], training=False))
+
+
+def test_bottom_width_7_makes_mnist_sized_images():
+    """28x28 (MNIST) from a 7x7 start: G's blocks output 14 and 28, D halves to 7x7, and
+    self-attention can sit at 14x14 in both."""
+    g, d = architectures.build("biggan", data_shape=(28, 28, 1), latent_dim=9, num_classes=10,
+                               ch=2, g_channels=(2, 1), bottom_width=7, attention=14)
+    z = tf.random.stateless_normal([3, 9], seed=[0, 1])
+    labels = tf.constant([0, 5, 9])
+    x = g([z, labels], training=True)
+    assert x.shape == (3, 28, 28, 1)
+    assert d([x, labels], training=True).shape == (3, 1)
+    assert g.layers[[type(layer).__name__ for layer in g.layers].index("Reshape")
+                    ].output.shape[1:3] == (7, 7)

@@ -93,7 +93,7 @@ BAD = [
     (["--config.data.source=npz:/no/such.npz"], "npz file not found: '/no/such.npz'"),
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
     (["--config.model.name=stylegan"],
-     "unknown architecture 'stylegan'; valid: dcgan, mlp, resnet"),
+     "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet"),
     (["--strategy=mirrored", "--num_cpu_devices=2", "--config.train.global_batch_size=33"],
      "global_batch_size=33 is not divisible by the 2 replicas"),
     (["--config.model.latent_dim=7"], "does not match this config's model"),

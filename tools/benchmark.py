@@ -146,15 +146,17 @@ def time_evaluation(config, strategy):
     import resource
     from tf_gan_scale import data, evaluation, train_lib
     from tf_gan_scale.metrics import extractors
-    shape = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir).shape
+    source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
+    shape = source.shape
     with strategy.scope():
-        model = train_lib.build_gan(config, shape)
+        model = train_lib.build_gan(config, shape, source.num_classes)
         extractor = extractors.get(FLAGS.eval_extractor, shape)
 
     def score(n):
         stats, _ = evaluation.fake_features(
-            model.generator, model.latent_dim, extractor, strategy, num_samples=n, seed=0,
-            batch_size=FLAGS.eval_batch_size, keep=FLAGS.eval_keep)
+            model.sampler, model.latent_dim, extractor, strategy, num_samples=n, seed=0,
+            batch_size=FLAGS.eval_batch_size, keep=FLAGS.eval_keep,
+            num_classes=model.num_classes)
         return stats.result()
 
     score(2 * FLAGS.eval_batch_size)  # Tracing, first allocations.
@@ -200,14 +202,19 @@ def main(argv):
             shape = tuple(int(v) for v in FLAGS.synthetic)
         except ValueError:
             raise errors.ConfigError(f"--synthetic must be H,W,C; Received: {FLAGS.synthetic}")
-        pixels = np.random.default_rng(0).integers(0, 256, (4 * gb,) + shape, dtype=np.uint8)
-        source = data.from_arrays(f"synthetic{shape}", pixels, None)
+        rng = np.random.default_rng(0)
+        pixels = rng.integers(0, 256, (4 * gb,) + shape, dtype=np.uint8)
+        # 10 random classes, so conditional configs run too.
+        source = data.from_arrays(f"synthetic{shape}", pixels, rng.integers(0, 10, 4 * gb))
     else:
         source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
     dataset = data.make_dataset(source, global_batch_size=gb, seed=config.seed)
     with strategy.scope():
-        model = train_lib.build_gan(config, source.shape)
+        model = train_lib.build_gan(config, source.shape, source.num_classes)
     runs = {"tf_gan_scale": (model, data.distribute(dataset, strategy))}
+    if FLAGS.baseline and model.num_classes:
+        raise errors.ConfigError("--baseline (a plain unconditional Keras GAN) does not "
+                                 "apply to a conditional config; use --baseline=false")
     if FLAGS.baseline:
         keras.utils.set_random_seed(config.seed)
         g, d = architectures.build(config.model.name, data_shape=source.shape,

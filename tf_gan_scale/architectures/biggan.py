@@ -188,21 +188,24 @@ def _multipliers(name, value):
     return value
 
 
-def _resolution_error(data_shape, g_channels):
+def _resolution_error(data_shape, g_channels, bottom_width=4):
     shape = "x".join(str(s) for s in data_shape)
+    b = bottom_width
     if g_channels is not None:
         k = len(g_channels)
         return errors.ConfigError(
-            f"biggan with g_channels of length {k} makes {4 * 2 ** k}x{4 * 2 ** k} images "
-            f"(4*2**len(g_channels)); Received: {shape}")
+            f"biggan with g_channels of length {k} and bottom_width {b} makes "
+            f"{b * 2 ** k}x{b * 2 ** k} images (bottom_width*2**len(g_channels)); "
+            f"Received: {shape}")
     sizes = ", ".join(f"{r}x{r}" for r in PRESETS)
-    return errors.ConfigError(f"biggan supports {sizes} (and any 4*2**k with g_channels of "
-                              f"length k); Received: {shape}")
+    return errors.ConfigError(f"biggan supports {sizes} (and any bottom_width*2**k with "
+                              f"g_channels of length k); Received: {shape}")
 
 
 def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_channels=None,
           d_downsample=None, attention=None, shared_dim=128, hier=True, sync_bn=True,
-          g_spectral_norm=True, d_spectral_norm=True, power_iterations=1, init="ortho"):
+          g_spectral_norm=True, d_spectral_norm=True, power_iterations=1, init="ortho",
+          bottom_width=4):
     """Builds the BigGAN pair (see the module docstring for layout and presets).
 
     Args:
@@ -231,6 +234,9 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
         g_spectral_norm / d_spectral_norm: bool, spectral norm on every conv/dense of G / D.
         power_iterations: int >= 1, power iterations per training-mode call.
         init: "ortho", "glorot" or "normal" (N(0, 0.02)).
+        bottom_width: int >= 1, G's starting resolution (BigGAN-PyTorch's `bottom_width`):
+            H = bottom_width * 2**len(g_channels), e.g. 7 for 28x28 (MNIST) with two
+            blocks. The presets need 4.
 
     Returns:
         (generator, discriminator); see the module docstring for their inputs.
@@ -246,7 +252,7 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
                                  f"Received: num_classes={num_classes!r}")
     num_classes = int(num_classes)
     errors.choose("biggan init", init, {i: i for i in INITS})
-    for key, value in (("ch", ch), ("shared_dim", shared_dim),
+    for key, value in (("ch", ch), ("shared_dim", shared_dim), ("bottom_width", bottom_width),
                        ("power_iterations", power_iterations), ("latent_dim", latent_dim)):
         if value is not None and (not _is_int(value) or value < 1):
             raise errors.ConfigError(f"biggan {key} must be an int >= 1; "
@@ -256,28 +262,29 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
     if d_channels is not None:
         d_channels = _multipliers("d_channels", d_channels)
     if len(data_shape) != 3 or data_shape[0] != data_shape[1] or data_shape[2] < 1:
-        raise _resolution_error(data_shape, g_channels)
+        raise _resolution_error(data_shape, g_channels, bottom_width)
     res = data_shape[0]
-    preset = PRESETS.get(res)
+    preset = PRESETS.get(res) if bottom_width == 4 else None
     if g_channels is None:
         if preset is None:
-            raise _resolution_error(data_shape, g_channels)
+            raise _resolution_error(data_shape, g_channels, bottom_width)
         g_channels = preset["g_channels"]
-    elif res != 4 * 2 ** len(g_channels):
-        raise _resolution_error(data_shape, g_channels)
+    elif res != bottom_width * 2 ** len(g_channels):
+        raise _resolution_error(data_shape, g_channels, bottom_width)
     if d_channels is None:
         d_channels = preset["d_channels"] if preset else tuple(reversed(g_channels))
     max_down = min(len(d_channels), int(math.log2(res)))
     if d_downsample is None:
-        d_downsample = min(preset["d_downsample"] if preset else res.bit_length() - 3,
-                           len(d_channels))
+        # Down to the bottom width (log2(res / bottom_width) halvings).
+        d_downsample = min(preset["d_downsample"] if preset else
+                           (res // bottom_width).bit_length() - 1, len(d_channels))
     if not _is_int(d_downsample) or not 0 <= d_downsample <= max_down:
         raise errors.ConfigError(f"biggan d_downsample must be in [0, {max_down}] (D blocks, "
                                  f"halvings of {res}); Received: d_downsample={d_downsample!r}")
     if ch is None:
         ch = preset["ch"] if preset else 64
     # The resolution each block outputs, in G and in D.
-    g_res = [8 * 2 ** i for i in range(len(g_channels))]
+    g_res = [bottom_width * 2 ** (i + 1) for i in range(len(g_channels))]
     d_res = [res >> min(j + 1, d_downsample) for j in range(len(d_channels))]
     if attention is None:
         attention = preset["attention"] if preset else 0
@@ -316,8 +323,8 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
         z0 = z
         conds = [shared] * len(g_channels)  # None when unconditional: plain batch norm.
     c0 = ch * g_channels[0]
-    x = gb.dense(4 * 4 * c0)(z0)
-    x = keras.layers.Reshape((4, 4, c0))(x)
+    x = gb.dense(bottom_width * bottom_width * c0)(z0)
+    x = keras.layers.Reshape((bottom_width, bottom_width, c0))(x)
     for mult, c, r in zip(g_channels, conds, g_res):
         x = _g_block(gb, x, ch * mult, c)
         if r == attention:

@@ -1,7 +1,11 @@
 """Data sources, selected by a `KIND:ARGUMENT` string (`config.data.source`).
 
-  tfds:NAME[:SPLIT]   a TensorFlow Datasets dataset ("image" feature, optional "label");
-                      honours --tfds_data_dir; SPLIT defaults to "train".
+  tfds:NAME[:SPLIT][@SIZE]  a TensorFlow Datasets dataset ("image" feature, optional
+                      "label"); honours --tfds_data_dir; SPLIT defaults to "train". @SIZE
+                      (e.g. tfds:imagenet2012@128) center-crops every image to a square
+                      and resizes it to SIZE x SIZE (area-antialiased bilinear, rounded to
+                      uint8), as BigGAN's ImageNet preprocessing; needed for datasets of
+                      variable image size.
   npz:PATH            an np.savez archive: array `x` or `images`, optional `y` or `labels`.
                       uint8 is scaled to [-1, 1]; [N, H, W] gets a channel axis; float
                       arrays are used as is (see the checks below).
@@ -139,10 +143,24 @@ def _checked_labels(name, labels):
     return labels.astype(np.int32)
 
 
+def center_crop_resize(image, size):
+    """uint8 [H, W, C] -> uint8 [size, size, C]: the central square, resized with
+    antialiasing (BigGAN / BigGAN-PyTorch's ImageNet preprocessing)."""
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    side = tf.minimum(h, w)
+    image = tf.image.crop_to_bounding_box(image, (h - side) // 2, (w - side) // 2, side, side)
+    image = tf.image.resize(image, [size, size], antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
 def _tfds(arg, tfds_data_dir=None):
     import tensorflow_datasets as tfds  # Heavy import, only when asked for.
-    name, _, split = arg.partition(":")
+    arg_spec, _, size = arg.partition("@")
+    name, _, split = arg_spec.partition(":")
     split = split or "train"
+    if size and not (size.isdigit() and int(size) >= 1):
+        raise errors.ConfigError(f"tfds:{arg}: the size after '@' must be an integer >= 1; "
+                                 f"Received: {size!r}")
     try:
         ds, info = tfds.load(name, split=split, data_dir=tfds_data_dir, with_info=True,
                              shuffle_files=False)
@@ -161,9 +179,15 @@ def _tfds(arg, tfds_data_dir=None):
     has_label = "label" in features
     num_classes = features["label"].num_classes if has_label else 1
     shape = tuple(features["image"].shape)
+    if size:
+        size = int(size)
+        shape = (size, size, shape[-1])
+        ds = ds.map(lambda ex: dict(ex, image=center_crop_resize(ex["image"], size)),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if None in shape:
         raise errors.ConfigError(f"TFDS dataset {name!r} has variable image size {shape}; "
-                                 f"resize it into an npz or folder source first")
+                                 f"valid: tfds:{arg_spec}@SIZE (center crop + resize), or "
+                                 f"an npz/folder source")
     try:
         num_examples = info.splits[split].num_examples
     except (KeyError, ValueError):
@@ -337,7 +361,9 @@ def _folder(path, tfds_data_dir=None):
     return Source(name, len(files), shape, num_classes, stream=stream)
 
 
-def _toy_centers(kind):
+def toy_centers(kind):
+    """(centers float64 [M, 2], std) of the toy mixture `kind` (grid25, ring8): the one
+    place for these constants (the toy source and tf_gan_scale.toy_metrics read them)."""
     if kind == "grid25":  # 25 modes at (-4 + 2i, -4 + 2j), std 0.05.
         g = np.arange(-4, 5, 2, dtype=np.float64)
         return np.stack(np.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2), 0.05
@@ -349,7 +375,7 @@ def _toy_centers(kind):
 
 def _toy(kind, tfds_data_dir=None):
     del tfds_data_dir
-    centers, std = _toy_centers(kind)
+    centers, std = toy_centers(kind)
     rng = np.random.default_rng(0)  # The dataset is fixed; its order follows config.seed.
     modes = rng.integers(len(centers), size=TOY_NUM_EXAMPLES)
     x = centers[modes] + std * rng.standard_normal((TOY_NUM_EXAMPLES, 2))

@@ -1,0 +1,68 @@
+"""Every BigGAN-class recipe trains 2 steps end to end with a tiny size override: the real
+TFDS code path on TFDS's mock data (the recipes' datasets cannot be downloaded here)."""
+
+import os
+import runpy
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from conftest import REPO
+from tf_gan_scale import sampling, train_lib
+
+# Widths shrunk so a step takes well under a second; everything else is the recipe's.
+TINY = {
+    "sngan_cifar10.py": {"model.g_channels": (4, 4, 4), "model.d_channels": (4, 4, 4, 4)},
+    "biggan_cifar10.py": {"model.ch": 1, "model.shared_dim": 4},
+    "biggan_imagenet128.py": {"model.ch": 1, "model.shared_dim": 4},
+}
+SHAPES = {"sngan_cifar10.py": (32, 32, 3), "biggan_cifar10.py": (32, 32, 3),
+          "biggan_imagenet128.py": (128, 128, 3)}
+
+
+def recipe(name, **overrides):
+    config = runpy.run_path(os.path.join(REPO, "experiments", name))["get_config"]()
+    for key, value in {**TINY[name], **overrides}.items():
+        node = config
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_recipe_trains_two_steps(name, one_device, tmp_path):
+    config = recipe(name, **{"train.num_steps": 2, "train.global_batch_size": 4,
+                             "train.log_every": 1, "train.checkpoint_every": 2,
+                             "train.sample_every": 2, "eval.every": 0})
+    if config.train.ema.decay:
+        config.train.ema.start = 1  # Must be before the (shortened) end.
+    workdir = str(tmp_path / "run")
+    with tfds.testing.mock_data(num_examples=16):
+        model = train_lib.run(config, workdir, one_device, verbose=0)
+    assert int(model.step.numpy()) == 2
+    assert os.path.exists(os.path.join(workdir, "checkpoints", "ckpt-2.index"))
+    assert tuple(model.generator.output_shape[1:]) == SHAPES[name]
+    # The recipe's knobs reached the model.
+    assert model.num_classes == (10 if "cifar10" in name and "biggan" in name else
+                                 1000 if "imagenet" in name else 0)
+    assert (model.ema is not None) == bool(config.train.ema.decay)
+    assert model.d_steps == config.train.d_steps
+    samples, step, _, cols = sampling.from_workdir(workdir, 8, seed=0)
+    assert samples.shape == (8,) + SHAPES[name] and step == 2
+    assert np.all(np.isfinite(samples)) and np.abs(samples).max() <= 1.0
+    assert (cols is not None) == bool(model.num_classes)
+
+
+def test_imagenet_recipe_is_the_papers_setting():
+    c = runpy.run_path(os.path.join(REPO, "experiments", "biggan_imagenet128.py"))["get_config"]()
+    assert c.data.source == "tfds:imagenet2012@128"
+    assert (c.model.ch, c.model.latent_dim, c.model.shared_dim, c.model.attention) == (
+        96, 120, 128, 64)
+    assert c.train.global_batch_size == 2048 and c.train.d_steps == 2
+    assert (c.train.g_optimizer.learning_rate, c.train.d_optimizer.learning_rate) == (1e-4, 4e-4)
+    assert c.train.ortho_weight == 1e-4 and c.train.ema.decay == 0.9999
+    train_lib.validate(c, num_replicas=8)
