@@ -12,7 +12,7 @@ from test_gan import LATENT
 from tf_gan_scale import architectures, data, errors, evaluation, latents, metrics
 
 N = 37  # Not a multiple of the batch: the last batch is padded (rows -1).
-ALL = ("fid", "kid", "is", "pr")
+ALL = ("fid", "kid", "is", "pr", "classes")
 
 
 class TinyExtractor:
@@ -20,14 +20,14 @@ class TinyExtractor:
 
     name = "test:tiny"
     feature_dim = 6
-    num_classes = 3
+    num_classes = 10  # The digits' classes: the "classes" metric needs them.
 
     def __init__(self):
         keras.utils.set_random_seed(1)
         self.body = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3),
                                       keras.layers.Flatten(),
                                       keras.layers.Dense(6, activation="tanh")])
-        self.head = keras.layers.Dense(3, activation="softmax")
+        self.head = keras.layers.Dense(10, activation="softmax")
         self.head.build((None, 6))
 
     def __call__(self, images):
@@ -68,6 +68,14 @@ def test_scores_equal_the_metrics_of_the_same_examples_on_one_device(one_device)
     np.testing.assert_allclose(got["is"], inception.mean, rtol=1e-6)
     pr = metrics.precision_recall(real["features"].numpy(), fake["features"].numpy())
     assert (got["precision"], got["recall"]) == (pr.precision, pr.recall)
+    # Class balance: total variation between the argmax histogram of the fakes and the
+    # real labels' histogram.
+    hist = np.bincount(np.argmax(fake["probs"].numpy(), 1), minlength=10)
+    labels = np.bincount(data.load("embedded:digits").arrays["label"][:N], minlength=10)
+    assert got["class_histogram"] == hist.tolist()
+    np.testing.assert_allclose(got["class_tv"],
+                               0.5 * np.abs(hist / N - labels / N).sum(), rtol=1e-12)
+    assert 0 < got["class_tv"] <= 1
     assert got["extractor"] == "test:tiny" and got["num_samples"] == N
     # The check can fail: fakes from other latents score differently.
     other = evaluation.evaluate(g, LATENT, data.load("embedded:digits"), extractor,
@@ -103,7 +111,7 @@ def test_reference_statistics_are_cached_and_reused(one_device, tmp_path):
 
 
 def test_bad_metric_names_and_is_without_probabilities():
-    with pytest.raises(errors.ConfigError, match="unknown metric 'fdi'; valid: fid, is, kid"):
+    with pytest.raises(errors.ConfigError, match="unknown metric 'fdi'; valid: classes, fid, is, kid"):
         evaluation.check_metrics("fid,fdi")
 
     class NoProbs:
@@ -254,3 +262,15 @@ def test_evaluating_again_reuses_the_traced_steps(one_device):
             if key[0] is one_device and key[1] is extractor]
     assert len(mine) == 2  # Real and fake.
     assert [step.experimental_get_tracing_count() for step in mine] == [1, 1]
+
+
+def test_class_balance_of_known_histograms():
+    probs = np.eye(3)[[0, 0, 1, 2]]  # Fakes: classes 0, 0, 1, 2.
+    out = evaluation.class_balance(probs, np.array([0, 1, 2, 0, 1, 2]))
+    assert out["class_histogram"] == [2, 1, 1]
+    # |1/2 - 1/3| + |1/4 - 1/3| + |1/4 - 1/3| = 1/3; halved: 1/6.
+    assert out["class_tv"] == pytest.approx(1 / 6)
+    assert evaluation.class_balance(np.eye(3)[[0, 0]], np.array([1, 2]))["class_tv"] == 1.0
+    with pytest.raises(errors.ConfigError, match="classifier of the data's 10 classes"):
+        evaluation._real_labels(data.load("embedded:digits"), 5,
+                                type("E", (), {"num_classes": 3, "name": "x"})())

@@ -74,7 +74,7 @@ def base():
     c.eval.every = 0                  # Generator steps between evaluations; 0: none.
     c.eval.extractor = ""             # inception_v3 | fid_inception:PATH.pb | PATH.keras
     c.eval.extractor_weights = ""     # inception_v3 weights file (else the Keras cache).
-    c.eval.metrics = "fid"            # Comma-separated: fid, kid, is, pr.
+    c.eval.metrics = "fid"            # Comma-separated: fid, kid, is, pr, classes.
     c.eval.num_samples = 10000        # Generated and real examples (real: the first N).
     c.eval.batch_size = 256           # Global evaluation batch.
     c.eval.seed = 0                   # Fake example i comes from latents (seed, i).

@@ -40,7 +40,7 @@ from tf_gan_scale import gan as gan_lib
 from tf_gan_scale import metrics as metrics_lib
 from tf_gan_scale.data.sources import to_float
 
-METRICS = ("fid", "kid", "is", "pr")
+METRICS = ("fid", "kid", "is", "pr", "classes")
 _CACHE_VERSION = 2  # Bump when what a cached reference file means changes.
 
 
@@ -61,10 +61,12 @@ def check_metrics(names, extractor=None):
         errors.choose("metric", name, {m: m for m in METRICS})
     if not names:
         raise errors.ConfigError(f"no metric given; valid: {', '.join(METRICS)}")
-    if "is" in names and extractor is not None and extractor.num_classes is None:
-        raise errors.ConfigError(
-            f"metric 'is' needs class probabilities, which extractor {extractor.name!r} "
-            f"does not give (a .keras extractor must end in a softmax Dense layer)")
+    for name in ("is", "classes"):
+        if name in names and extractor is not None and extractor.num_classes is None:
+            raise errors.ConfigError(
+                f"metric {name!r} needs class probabilities, which extractor "
+                f"{extractor.name!r} does not give (a .keras extractor must end in a softmax "
+                f"Dense layer)")
     return tuple(names)
 
 
@@ -340,7 +342,9 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
             f"the generator makes examples of shape {tuple(generator.output_shape[1:])} but "
             f"the reference data {source.name} has {tuple(source.shape)}")
     check_counts(metrics, extractor, num_samples, allow_rank_deficient)
-    keep = any(m in metrics for m in ("kid", "pr", "is"))
+    if "classes" in metrics:
+        real_labels = _real_labels(source, num_samples, extractor)
+    keep = any(m in metrics for m in ("kid", "pr", "is", "classes"))
     keep_real = any(m in metrics for m in ("kid", "pr"))
     ref = reference_stats or reference(source, extractor, strategy, num_samples=num_samples,
                                        batch_size=batch_size, keep=keep_real,
@@ -369,16 +373,46 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
     if "pr" in metrics:
         pr = metrics_lib.precision_recall(ref["features"], fake["features"], k=3)
         out["precision"], out["recall"] = float(pr.precision), float(pr.recall)
+    if "classes" in metrics:
+        out.update(class_balance(fake["probs"], real_labels))
     return out
 
 
-SCORE_KEYS = ("fid", "kid", "kid_std", "is", "is_std", "precision", "recall")
+def _real_labels(source, num_samples, extractor):
+    """Labels [N] of the first N real examples, for the "classes" metric (ConfigError when
+    the source has none in memory or the classifier has another number of classes)."""
+    if source.arrays is None or source.num_classes < 2:
+        raise errors.ConfigError(f"metric 'classes' needs a labelled in-memory source; "
+                                 f"{source.name} is not")
+    if extractor.num_classes != source.num_classes:
+        raise errors.ConfigError(
+            f"metric 'classes' needs a classifier of the data's {source.num_classes} "
+            f"classes; extractor {extractor.name!r} has {extractor.num_classes} (train one "
+            f"with tools/train_classifier.py)")
+    return np.asarray(source.arrays["label"][:num_samples])
+
+
+def class_balance(probs, real_labels):
+    """How the generated examples spread over the classes, by the classifier's argmax:
+    {"class_tv": total variation distance between the fake and the real class
+    frequencies (0 = the same balance, 1 = disjoint), "class_histogram": fake counts}.
+
+    probs: [N, K] class probabilities of N fakes; real_labels: [M] labels of real data."""
+    k = probs.shape[1]
+    fake = np.bincount(np.argmax(probs, axis=1), minlength=k)
+    real = np.bincount(real_labels, minlength=k)
+    tv = 0.5 * np.abs(fake / fake.sum() - real / real.sum()).sum()
+    return {"class_tv": float(tv), "class_histogram": fake.tolist()}
+
+
+SCORE_KEYS = ("fid", "kid", "kid_std", "is", "is_std", "precision", "recall", "class_tv")
 HIGHER_IS_BETTER = ("is", "precision", "recall")
 
 
 def metric_keys(names):
     """The score keys (one per number worth ranking checkpoints by) of metric names."""
-    keys = {"fid": ["fid"], "kid": ["kid"], "is": ["is"], "pr": ["precision", "recall"]}
+    keys = {"fid": ["fid"], "kid": ["kid"], "is": ["is"], "pr": ["precision", "recall"],
+            "classes": ["class_tv"]}
     return tuple(k for n in names for k in keys[n])
 
 
@@ -392,7 +426,7 @@ def better(key, new, old):
 def format_scores(scores):
     """One line: every metric with the extractor it was computed with."""
     parts = []
-    for key in ("fid", "kid", "is", "precision", "recall"):
+    for key in ("fid", "kid", "is", "precision", "recall", "class_tv"):
         if key in scores:
             std = scores.get(f"{key}_std")
             parts.append(f"{key} {scores[key]:.4g}" + (f" ± {std:.2g}" if std is not None

@@ -38,7 +38,8 @@ flags.DEFINE_bool("allow_rank_deficient", False, "Allow FID from fewer samples t
                   "feature dimensions.")
 flags.DEFINE_string("extractor", None, "inception_v3 | fid_inception:PATH.pb | PATH.keras")
 flags.DEFINE_string("extractor_weights", None, "inception_v3 weights file.")
-flags.DEFINE_string("metrics", "fid", "Comma-separated: fid, kid, is, pr.")
+flags.DEFINE_string("metrics", "fid", "Comma-separated: fid, kid, is, pr, classes "
+                    "(class balance: needs a classifier of the data's classes).")
 flags.DEFINE_integer("num_samples", 10000, "Generated and real examples.")
 flags.DEFINE_integer("seed", 0, "Latent seed: fake example i comes from (seed, i).")
 flags.DEFINE_integer("batch_size", 256, "Global evaluation batch.")
