@@ -1,7 +1,7 @@
 """Scores the generator of a training run's latest checkpoint: FID, KID, IS, precision/recall.
 
     python tools/evaluate.py --workdir=DIR --extractor=digits_classifier.keras \
-        [--checkpoint=DIR/checkpoints/best/ckpt-N] [--metrics=fid,kid,is,pr] \
+        [--checkpoint=DIR/checkpoints/best/ckpt-N] [--metrics=fid,kid,is,pr,classes] \
         [--num_samples=10000] [--seed=0] [--batch_size=256] [--samples=FILE.npy] \
         [--reference=SOURCE] [--allow_rank_deficient] \
         [--strategy=auto|one_device|mirrored|multi_worker_mirrored] [--num_cpu_devices=N]
@@ -14,9 +14,13 @@ spec); their statistics are cached in --cache_dir (default
 ~/.cache/tf_gan_scale/reference). Fake example i comes from latents (seed, i), so one
 device, N replicas and N workers score the same examples. --samples=FILE.npy scores an
 array of images in [-1, 1] instead (from any framework; --workdir is then optional).
+A run with an EMA generator is scored by its EMA weights (--noema: the raw ones); a
+conditional one with a uniform class label per fake, keyed by (seed, i). `classes` (class
+balance: "class_tv", the total variation between the fakes' predicted-class histogram and
+the real labels', and "class_histogram") needs a classifier of the data's classes.
 Images are quantized to uint8 levels before extraction. Prints one JSON line: {"step",
 "checkpoint", "extractor", "num_samples", "fid", "kid", "kid_std", "is", "is_std",
-"precision", "recall"} (the requested ones) and the same scores, with their extractor, on
+"precision", "recall", "class_tv", "class_histogram"} (the requested ones) and the same scores, with their extractor, on
 one line of stderr.
 """
 
@@ -32,6 +36,8 @@ from tf_gan_scale import cli, errors  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Training run directory.")
 flags.DEFINE_string("checkpoint", None, "A checkpoint path (default: the latest in workdir).")
+flags.DEFINE_bool("ema", True, "Score the EMA generator when the run has one (--noema: the "
+                  "raw generator).")
 flags.DEFINE_string("samples", None, "Score this .npy array of images in [-1, 1] instead.")
 flags.DEFINE_string("reference", None, "Real data source spec (default: the run's).")
 flags.DEFINE_bool("allow_rank_deficient", False, "Allow FID from fewer samples than "
@@ -81,7 +87,7 @@ def main(argv):
     with strategy.scope():
         if samples is None:
             generator, latent_dim, step, path = sampling.load_generator(
-                FLAGS.workdir, checkpoint=FLAGS.checkpoint)
+                FLAGS.workdir, checkpoint=FLAGS.checkpoint, ema=FLAGS.ema)
         extractor = extractors.get(FLAGS.extractor, source.shape,
                                    weights=FLAGS.extractor_weights)
     scores = evaluation.evaluate(
