@@ -111,7 +111,8 @@ def test_reference_statistics_are_cached_and_reused(one_device, tmp_path):
 
 
 def test_bad_metric_names_and_is_without_probabilities():
-    with pytest.raises(errors.ConfigError, match="unknown metric 'fdi'; valid: classes, fid, is, kid"):
+    with pytest.raises(errors.ConfigError,
+                       match="unknown metric 'fdi'; valid: classes, fid, is, kid"):
         evaluation.check_metrics("fid,fdi")
 
     class NoProbs:

@@ -671,8 +671,8 @@ class GAN(keras.Model):
     def predict_step(self, data):
         """Samples [B, *data_shape] for a batch of latents z [B, latent_dim] (or (z, labels)
         for a generator with two inputs; an unconditional one ignores the labels), in
-        inference mode, from `sampler` (the EMA generator if any). Keras' predict loop distributes the batches and
-        concatenates the outputs in input order."""
+        inference mode, from `sampler` (the EMA generator if any). Keras' predict loop
+        distributes the batches and concatenates the outputs in input order."""
         if isinstance(data, (tuple, list)) and len(data) == 1:
             data = data[0]
         generator = self.sampler

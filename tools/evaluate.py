@@ -20,8 +20,8 @@ balance: "class_tv", the total variation between the fakes' predicted-class hist
 the real labels', and "class_histogram") needs a classifier of the data's classes.
 Images are quantized to uint8 levels before extraction. Prints one JSON line: {"step",
 "checkpoint", "extractor", "num_samples", "fid", "kid", "kid_std", "is", "is_std",
-"precision", "recall", "class_tv", "class_histogram"} (the requested ones) and the same scores, with their extractor, on
-one line of stderr.
+"precision", "recall", "class_tv", "class_histogram"} (the requested ones) and the same
+scores, with their extractor, on one line of stderr.
 """
 
 import json
