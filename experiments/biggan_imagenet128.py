@@ -9,8 +9,8 @@
 
 Model: ch 96, G blocks 16-8-4-2-1 (output widths x ch) from 4x4, D blocks 1-2-4-8-16-16,
 self-attention at 64x64 in both, hierarchical z (120 = 6 chunks of 20) with a shared 128-d
-class embedding into every conditional batch norm (statistics over the GLOBAL batch), projection D,
-spectral norm in G and D, orthogonal init. Training: hinge loss, global batch 2048,
+class embedding into every conditional batch norm (statistics over the GLOBAL batch),
+projection D, spectral norm in G and D, orthogonal init. Training: hinge loss, global batch 2048,
 Adam(beta_1=0, beta_2=0.999), G lr 1e-4, D lr 4e-4 (TTUR), 2 D updates per G update,
 orthogonal regularization 1e-4, EMA of G with decay 0.9999 from step 20,000, truncation
 at sampling time (tools/sample.py --truncation=...). Data: tfds:imagenet2012 (manual
