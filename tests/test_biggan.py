@@ -381,7 +381,8 @@ def test_bad_settings_fail_in_one_line(kwargs, message):
 def test_options_are_config_friendly():
     assert architectures.options("biggan") == [
         "ch", "g_channels", "d_channels", "d_downsample", "attention", "shared_dim", "hier",
-        "sync_bn", "g_spectral_norm", "d_spectral_norm", "power_iterations", "init"]
+        "sync_bn", "g_spectral_norm", "d_spectral_norm", "power_iterations", "init",
+        "bottom_width"]
     assert architectures.conditional("biggan")
     # Lists (as a config might hold them) work like tuples; no spectral norm is an option.
     g, d = make(g_channels=[2, 1], d_channels=[1, 2], g_spectral_norm=False,

@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from test_gan import GB, LATENT, digits, fit  # noqa: F401  (tests/ is on sys.path)
 from tf_gan_scale import (architectures, configs, data, ema, errors, gan, latents, losses,
                           regularizers, schedules, train_lib)
-
-LATENT = 8
-GB = 16
 
 
 def networks(d_norm="batch"):
@@ -29,15 +27,6 @@ def make(strategy, *, lr=0.05, d_norm="batch", gan_kwargs=None, **compile_kwargs
                       d_optimizer=keras.optimizers.SGD(lr),
                       loss=compile_kwargs.pop("loss", "non_saturating"), **compile_kwargs)
     return model
-
-
-def digits():
-    return data.make_dataset(data.load("embedded:digits"), global_batch_size=GB, seed=0)
-
-
-def fit(model, strategy, steps):
-    return model.fit(strategy.experimental_distribute_dataset(digits()), epochs=1,
-                     steps_per_epoch=steps, verbose=0).history
 
 
 def values(variables):
@@ -282,6 +271,14 @@ def test_conditional_d_loss_uses_real_labels_and_drawn_fake_labels(one_device):
     want = np.mean(tf.nn.softplus(-d0([batch["x"], batch["label"]]))
                    + tf.nn.softplus(d0([fake, fake_labels])))
     np.testing.assert_allclose(history["d_loss"][0], want, rtol=1e-5)
+    # G's update draws its own labels (phase LABEL_PHASE + G_PHASE) and is scored by the
+    # updated D.
+    g_labels = latents.rows_labels(
+        latents.key(5, 0, latents.LABEL_PHASE + latents.G_PHASE), rows, CLASSES)
+    assert np.any(g_labels.numpy() != fake_labels.numpy())
+    g_fake = g0([latents.global_normal(5, 0, latents.G_PHASE, GB, [LATENT]), g_labels])
+    g_want = np.mean(tf.nn.softplus(-model.discriminator([g_fake, g_labels])))
+    np.testing.assert_allclose(history["g_loss"][0], g_want, rtol=1e-5)
     # With the labels shuffled the loss would differ (the test can fail).
     wrong = np.mean(tf.nn.softplus(-d0([batch["x"], (batch["label"] + 1) % CLASSES]))
                     + tf.nn.softplus(d0([fake, fake_labels])))
@@ -314,3 +311,97 @@ def test_conditional_config_needs_labels_and_a_conditional_architecture():
     assert train_lib.num_classes(c, 10) == 10
     c.model.conditional = False
     assert train_lib.num_classes(c, 10) == 0
+
+
+# ---- the techniques inside the step (not only their functions) ---------------------------
+
+def test_label_smoothing_reaches_the_d_loss_of_a_step(one_device):
+    s = 0.1
+    plain, smooth = make(one_device, d_norm="none"), make(one_device, d_norm="none",
+                                                          label_smoothing=s)
+    d0 = make(one_device, d_norm="none").discriminator
+    base, smoothed = fit(plain, one_device, 1), fit(smooth, one_device, 1)
+    real = next(iter(digits()))["x"]
+    # The smoothed real term adds s * real logit per example (losses.smooth_real_labels).
+    np.testing.assert_allclose(smoothed["d_loss"][0] - base["d_loss"][0],
+                               s * float(tf.reduce_mean(d0(real, training=True))), rtol=1e-4)
+
+
+def test_d_inputs_are_augmented_in_both_updates(one_device, monkeypatch):
+    model = make(one_device, augment="translation", instance_noise=0.1)
+    phases = []
+    original = model._d_inputs
+    monkeypatch.setattr(model, "_d_inputs",
+                        lambda x, rows, step, phase: phases.append(phase) or original(
+                            x, rows, step, phase))
+    fit(model, one_device, 1)
+    assert sorted(set(phases)) == [0, latents.G_PHASE]
+
+
+def test_lecam_term_uses_the_anchors_in_the_d_loss(one_device):
+    w, anchors = 0.5, [0.3, -0.2]
+    model = make(one_device, d_norm="none", lecam_weight=w)
+    model.lecam_anchors.assign(anchors)
+    d0 = make(one_device, d_norm="none").discriminator
+    g0 = make(one_device, d_norm="none").generator
+    history = fit(model, one_device, 1)
+    plain = fit(make(one_device, d_norm="none"), one_device, 1)
+    real = next(iter(digits()))["x"]
+    fake = g0(latents.global_normal(5, 0, 0, GB, [LATENT]), training=True)
+    reg = regularizers.lecam(d0(real, training=True), d0(fake, training=True), *anchors)
+    np.testing.assert_allclose(history["d_loss"][0] - plain["d_loss"][0],
+                               w * float(tf.reduce_mean(reg)), rtol=1e-4, atol=1e-7)
+    assert float(tf.reduce_mean(reg)) > 1e-3  # Non-zero: the order of the anchors matters.
+
+
+def test_truncation_uses_the_whole_interval():
+    t = latents.fixed(3, 2000, 16, truncation=0.5).numpy()
+    assert 0.49 < np.abs(t).max() <= 0.5
+
+
+def test_orthogonal_regularization_skips_the_class_embedding():
+    g, _ = architectures.build("biggan", data_shape=(8, 8, 1), latent_dim=8, num_classes=10,
+                               ch=2, g_channels=(1,), shared_dim=4)
+    chosen = gan._ortho_weights(g)
+    assert chosen and all("embedding" not in w.path.lower() for w in chosen)
+    assert any("embedding" in w.path.lower() for w in g.trainable_weights)
+
+
+def test_a_conditional_gan_refuses_unlabelled_batches(one_device):
+    model = make_conditional(one_device)
+    images = data.make_dataset(data.load("embedded:digits"), global_batch_size=GB,
+                               seed=0).map(lambda b: b["x"])
+    with pytest.raises(ValueError, match="needs labelled batches"):
+        model.fit(images, epochs=1, steps_per_epoch=1, verbose=0)
+
+
+def test_keras_file_round_trip_keeps_ema_classes_and_anchors(one_device, tmp_path):
+    """A conditional BigGAN with EMA and LeCam: .keras save/load and .keras -> workdir keep
+    the EMA weights, the anchors and the class count (run.json)."""
+    from tf_gan_scale import keras_io, sampling
+    c = configs.base()
+    c.data.source = "embedded:digits"
+    c.model = configs.ml_collections.ConfigDict({
+        "name": "biggan", "latent_dim": 8, "conditional": True, "ch": 2, "g_channels": (1,),
+        "d_channels": (1, 1), "shared_dim": 4})
+    c.train.ema.decay, c.train.lecam_weight = 0.5, 0.1
+    c.train.global_batch_size, c.train.num_steps = GB, 10
+    with one_device.scope():
+        model = train_lib.build_gan(c, (8, 8, 1), 10)
+    fit(model, one_device, 2)
+    path = str(tmp_path / "gan.keras")
+    keras_io.save_new(model, path)
+    loaded = keras.models.load_model(path)
+    assert loaded.num_classes == 10 and loaded.ema is not None
+    for a, b in ((model.ema.model, loaded.ema.model), (model.generator, loaded.generator)):
+        for x, y in zip(values(a.weights), values(b.weights)):
+            np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(loaded.lecam_anchors.numpy(), model.lecam_anchors.numpy())
+    assert np.abs(model.lecam_anchors.numpy()).max() > 0
+    workdir = str(tmp_path / "run")
+    with one_device.scope():
+        keras_io.keras_to_workdir(path, c, workdir)
+    ema_g, _, step, _ = sampling.load_generator(workdir)
+    assert step == 2 and ema_g.num_classes == 10
+    for x, y in zip(values(ema_g.weights), values(model.ema.model.weights)):
+        np.testing.assert_array_equal(x, y)

@@ -28,6 +28,8 @@ aggregation NONE update the replica's own copy in replica context) and costs no
 collective. The EMA weights are checkpointed (key "ema_generator"), so resume is exact.
 """
 
+import numbers
+
 import keras
 import tensorflow as tf
 
@@ -37,11 +39,11 @@ from tf_gan_scale import errors
 def check(decay, start, warmup, num_steps=None, prefix="ema_"):
     """ConfigError for settings that make no sense (one line, naming the key as
     `prefix` + decay/start/warmup and the valid range)."""
-    if not (isinstance(decay, (int, float)) and 0.0 <= float(decay) < 1.0):
+    if not (isinstance(decay, numbers.Real) and 0.0 <= float(decay) < 1.0):
         raise errors.ConfigError(f"{prefix}decay must be in [0, 1) (0 = no EMA); Received: "
                                  f"{decay!r}")
     for name, value in (("start", start), ("warmup", warmup)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise errors.ConfigError(f"{prefix}{name} must be an integer >= 0; Received: "
                                      f"{value!r}")
     if decay and num_steps is not None and start >= num_steps:

@@ -23,6 +23,8 @@ two optimizers anyway. Distributed math, in one place each:
     per layer and pass).
 """
 
+import numbers
+
 import keras
 import tensorflow as tf
 
@@ -36,9 +38,10 @@ NONFINITE = "nonfinite"  # train_step output: which check failed (0: none).
 NONFINITE_D, NONFINITE_G, UNEVEN = 1, 2, 3
 
 
-def _unpack(batch):
+def _unpack(batch, need_labels=False):
     """Real images and labels from a batch: a dict {"x"|"image", "label"}, an (x, y) tuple,
-    or a bare tensor. Returns (x [B, ...] float32, labels [B] int32)."""
+    or a bare tensor. Returns (x [B, ...] float32, labels [B] int32: zeros when the batch
+    has none, unless need_labels: then ValueError)."""
     if isinstance(batch, dict):
         x = batch["x"] if "x" in batch else batch["image"]
         labels = batch.get("label")
@@ -48,6 +51,9 @@ def _unpack(batch):
         x, labels = batch, None
     x = tf.cast(x, tf.float32)
     if labels is None:
+        if need_labels:  # A conditional GAN would train every real example as class 0.
+            raise ValueError("a conditional GAN (num_classes > 0) needs labelled batches: "
+                             "{'x': images, 'label': labels} or (images, labels)")
         labels = tf.zeros([tf.shape(x)[0]], tf.int32)
     return x, tf.cast(labels, tf.int32)
 
@@ -187,9 +193,12 @@ class GAN(keras.Model):
         """
         if int(d_steps) < 1:
             raise ValueError(f"d_steps must be >= 1; Received: d_steps={d_steps}")
-        if int(penalty_every) < 1:
-            raise errors.ConfigError(f"penalty_every must be an integer >= 1; Received: "
-                                     f"{penalty_every!r}")
+        for name, value, low in (("penalty_every", penalty_every, 1),
+                                 ("instance_noise_steps", instance_noise_steps, 0)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
+                    or value < low:
+                raise errors.ConfigError(f"{name} must be an integer >= {low}; Received: "
+                                         f"{value!r}")
         if int(penalty_every) > 1 and checks.has_batch_norm(self.discriminator):
             raise errors.ConfigError(
                 f"penalty_every={penalty_every} (lazy regularization) needs a discriminator "
@@ -478,7 +487,7 @@ class GAN(keras.Model):
         nonfinite = tf.constant(0, tf.int32)
         uneven = tf.constant(0.0)
         for k, batch in enumerate(batches):
-            real, labels = _unpack(batch)
+            real, labels = _unpack(batch, need_labels=bool(self.num_classes))
             d_loss, finite, count = self._d_update(real, labels, step, k)
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
             # This replica's rows differ from an even share of the global count. The

@@ -122,10 +122,18 @@ def keras_to_workdir(keras_path, config, workdir):
     _copy("discriminator", model.discriminator.variables, source.discriminator.variables)
     _copy("g_optimizer", model.g_optimizer.variables, source.g_optimizer.variables)
     _copy("d_optimizer", model.d_optimizer.variables, source.d_optimizer.variables)
+    if model.ema is not None:
+        # The saved EMA if there is one; else the EMA restarts from the saved generator
+        # (never from the config's random initialization).
+        saved = source.ema.model if source.ema is not None else source.generator
+        _copy("ema_generator", model.ema.model.variables, saved.variables)
+    if getattr(model, "lecam_anchors", None) is not None and \
+            getattr(source, "lecam_anchors", None) is not None:
+        model.lecam_anchors.assign(source.lecam_anchors.numpy())
     step = int(model.step.numpy())
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
     os.makedirs(workdir, exist_ok=True)
-    train_lib.write_run(workdir, config, data_shape)
+    train_lib.write_run(workdir, config, data_shape, num_classes=source.num_classes or None)
     path = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=None).save(
         checkpoint_number=step)
     assert re.search(r"ckpt-\d+$", path), path

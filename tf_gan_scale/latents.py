@@ -39,9 +39,12 @@ SAMPLE_STEP = -1  # step value used for fixed evaluation/sampling latents.
 # Class labels of fake examples: phase LABEL_PHASE + the phase of the latents they go with
 # (D update k: LABEL_PHASE + k; G update: LABEL_PHASE + G_PHASE; sampling/evaluation:
 # (seed, SAMPLE_STEP, LABEL_PHASE), row = sample index).
-LABEL_PHASE = 5000
-NOISE_PHASE = 6000  # Instance noise of D update k: (seed, step, NOISE_PHASE + k).
-AUGMENT_PHASE = 7000  # DiffAugment of D update k: + k; of the G update: + G_PHASE.
+# These three are offsets added to another phase (up to G_PHASE + k or EVAL_PHASE), so they
+# sit 10,000 apart: LABEL_PHASE + G_PHASE must not be NOISE_PHASE + k (a shared stream
+# would correlate the G update's labels with D's instance noise).
+LABEL_PHASE = 10_000
+NOISE_PHASE = 20_000  # Instance noise of D update k: (seed, step, NOISE_PHASE + k).
+AUGMENT_PHASE = 30_000  # DiffAugment of D update k: + k; of the G update: + G_PHASE.
 
 
 def _i64(hex_constant):

@@ -299,13 +299,14 @@ def load_run(workdir):
     return config, tuple(run["data_shape"]), num_classes(config, run.get("num_classes"))
 
 
-def write_run(workdir, config, data_shape, source=None):
-    """Records the run's config and data shape in workdir (what `load_run` reads)."""
+def write_run(workdir, config, data_shape, source=None, num_classes=None):
+    """Records the run's config, data shape and the data's classes (`source`'s, else
+    `num_classes`) in workdir (what `load_run` reads)."""
     path = os.path.join(workdir, RUN_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"config": json.loads(config.to_json()), "data_shape": list(data_shape),
-                   "num_classes": source.num_classes if source else None,
+                   "num_classes": source.num_classes if source else num_classes,
                    "source": source.name if source else config.data.source}, f, indent=2)
     os.replace(tmp, path)
 

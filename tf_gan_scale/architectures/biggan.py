@@ -72,6 +72,7 @@ import numbers
 import keras
 
 from tf_gan_scale import errors
+from tf_gan_scale.architectures.resnet import d_block
 from tf_gan_scale.layers import (ConditionalBatchNormalization, SelfAttention, Split,
                                  SyncBatchNormalization)
 
@@ -145,25 +146,6 @@ def _g_block(b, x, ch, c):
     h = b.conv(ch, 3)(h)
     s = keras.layers.UpSampling2D(2)(x)
     s = b.conv(ch, 1)(s)
-    return keras.layers.Add()([h, s])
-
-
-def _d_block(b, x, ch, *, down, first):
-    h = x if first else keras.layers.ReLU()(x)
-    h = b.conv(ch, 3)(h)
-    h = keras.layers.ReLU()(h)
-    h = b.conv(ch, 3)(h)
-    if down:
-        h = keras.layers.AveragePooling2D(2)(h)
-    s = x
-    if first:  # SNGAN's optimized first block: pool, then the 1x1 conv (cheaper).
-        if down:
-            s = keras.layers.AveragePooling2D(2)(s)
-        s = b.conv(ch, 1)(s)
-    elif down or x.shape[-1] != ch:
-        s = b.conv(ch, 1)(s)
-        if down:
-            s = keras.layers.AveragePooling2D(2)(s)
     return keras.layers.Add()([h, s])
 
 
@@ -341,7 +323,7 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
     h = image
     placed = False
     for j, (mult, r) in enumerate(zip(d_channels, d_res)):
-        h = _d_block(db, h, ch * mult, down=j < d_downsample, first=j == 0)
+        h = d_block(h, ch * mult, db.conv, down=j < d_downsample, first=j == 0)
         if r == attention and not placed:
             h = db.attention()(h)
             placed = True

@@ -67,20 +67,22 @@ def _g_block(x, ch, *, norm, sync_bn, sn, power_iterations):
     return keras.layers.Add()([h, s])
 
 
-def _d_block(x, ch, *, down, first, sn, power_iterations):
+def d_block(x, ch, conv, *, down, first):
+    """SNGAN's discriminator block (also BigGAN's): x [B, H, W, C] -> [B, H/2 or H, ., ch].
+    conv(ch, kernel) makes each convolution (spectrally normalized or not)."""
     h = x if first else keras.layers.ReLU()(x)
-    h = _conv(ch, 3, sn, power_iterations)(h)
+    h = conv(ch, 3)(h)
     h = keras.layers.ReLU()(h)
-    h = _conv(ch, 3, sn, power_iterations)(h)
+    h = conv(ch, 3)(h)
     if down:
         h = keras.layers.AveragePooling2D(2)(h)
     s = x
     if first:  # SNGAN's optimized first block: pool, then the 1x1 conv (cheaper).
         if down:
             s = keras.layers.AveragePooling2D(2)(s)
-        s = _conv(ch, 1, sn, power_iterations)(s)
+        s = conv(ch, 1)(s)
     elif down or x.shape[-1] != ch:
-        s = _conv(ch, 1, sn, power_iterations)(s)
+        s = conv(ch, 1)(s)
         if down:
             s = keras.layers.AveragePooling2D(2)(s)
     return keras.layers.Add()([h, s])
@@ -148,8 +150,8 @@ def build(*, data_shape, latent_dim, g_channels=(256, 256, 256),
     inp = keras.Input(data_shape)
     y = inp
     for i, ch in enumerate(d_channels):
-        y = _d_block(y, ch, down=i < d_downsample, first=i == 0, sn=d_spectral_norm,
-                     power_iterations=power_iterations)
+        y = d_block(y, ch, lambda c, k: _conv(c, k, d_spectral_norm, power_iterations),
+                    down=i < d_downsample, first=i == 0)
     y = keras.layers.ReLU()(y)
     # Global SUM pooling (SNGAN): the mean times the number of positions.
     y = keras.layers.GlobalAveragePooling2D()(y)
