@@ -50,7 +50,7 @@ def scatter(points, *, reference=None, size=512, extent=None):
 def class_rows(num_samples, num_classes):
     """(labels int32 [num_samples], columns) of a class-per-row grid of a conditional
     model: row k holds class k; columns = ceil(N / num_classes) (the last row may be
-    short)."""
+    short; N a multiple of num_classes shows every class, fewer rows when N is smaller)."""
     cols = max(1, -(-num_samples // num_classes))
     return np.minimum(np.arange(num_samples) // cols, num_classes - 1).astype(np.int32), cols
 
