@@ -294,9 +294,10 @@ def test_predict_feeds_labels_to_a_two_input_generator(one_device):
     h = keras.layers.Concatenate()([z_in, keras.layers.Embedding(10, 4)(y_in)])
     g = keras.Model([z_in, y_in], keras.layers.Reshape((8, 8, 1))(
         keras.layers.Dense(64, activation="tanh")(h)))
-    d = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
-                          keras.layers.Dense(1)])
-    model = gan.GAN(g, d, LATENT)
+    x_in, dy_in = keras.Input((8, 8, 1)), keras.Input((), dtype="int32")
+    d = keras.Model([x_in, dy_in], keras.layers.Dense(1)(keras.layers.Concatenate()(
+        [keras.layers.Flatten()(x_in), keras.layers.Embedding(10, 4)(dy_in)])))
+    model = gan.GAN(g, d, LATENT, num_classes=10)  # A conditional pair: both take labels.
     z = latents.fixed(3, 20, LATENT).numpy()
     labels = np.arange(20) % 10
     out = model.predict((z, labels), batch_size=8, verbose=0)
