@@ -323,3 +323,14 @@ def test_settings_that_are_not_weights_survive_the_config_round_trip(one_device,
 @keras.saving.register_keras_serializable("test_keras_model")
 def zero_penalty(discriminator, *, real, fake, noise):
     return tf.zeros_like(noise)
+
+
+def test_fit_without_any_strategy_scope():
+    """The notebook case with no strategy at all (Keras' default strategy): it trains."""
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
+                               g_channels=(8, 4, 2), d_channels=(2, 4))
+    model = gan.GAN(g, d, LATENT)
+    model.compile(g_optimizer="sgd", d_optimizer="sgd")
+    ds = data.make_dataset(data.load("embedded:digits"), global_batch_size=16, seed=0)
+    history = model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0).history
+    assert int(model.step.numpy()) == 2 and np.isfinite(history["d_loss"][0])

@@ -14,8 +14,10 @@ def assert_even_split(strategy, batches):
     nothing is updated when one fails. (`GAN.train_step` checks the global row count too,
     which sees other workers' replicas.)"""
     checks = []
+    if strategy.num_replicas_in_sync == 1:  # Also the default strategy (no scope at all),
+        return checks                       # whose extended has no worker_devices.
     local = len(strategy.extended.worker_devices)
-    if strategy.num_replicas_in_sync == 1 or local != strategy.num_replicas_in_sync:
+    if local != strategy.num_replicas_in_sync:
         # One replica, or several workers: a worker whose local check failed would stop
         # while the others wait in the step's collectives (a raw error on them). Across
         # workers the verdict is the global one train_step sums in G's all-reduce.
