@@ -32,6 +32,7 @@ from tf_gan_scale import augment as augment_lib
 from tf_gan_scale import ema as ema_lib
 from tf_gan_scale import errors, latents, losses, penalties, regularizers, replica
 from tf_gan_scale import gan_checks as checks
+from tf_gan_scale.gan_checks import is_conditional
 from tf_gan_scale.replica import apply_global_gradients
 
 NONFINITE = "nonfinite"  # train_step output: which check failed (0: none).
@@ -56,12 +57,6 @@ def _unpack(batch, need_labels=False):
                              "{'x': images, 'label': labels} or (images, labels)")
         labels = tf.zeros([tf.shape(x)[0]], tf.int32)
     return x, tf.cast(labels, tf.int32)
-
-
-def is_conditional(model):
-    """A conditional network takes two inputs: [z or x, labels int32 [B]] (see
-    `architectures`); every other one takes a single input."""
-    return len(getattr(model, "inputs", None) or ()) == 2
 
 
 def call_generator(generator, z, labels=None, training=False):

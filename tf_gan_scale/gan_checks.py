@@ -42,7 +42,9 @@ def uneven_message(strategy, when):
             f"a number of examples divisible by batch_size)")
 
 
-def _two_inputs(model):
+def is_conditional(model):
+    """A conditional network takes two inputs: [z or x, labels int32 [B]] (see
+    `architectures`); every other one takes a single input."""
     return len(getattr(model, "inputs", None) or ()) == 2
 
 
@@ -51,10 +53,10 @@ def check_networks(generator, discriminator, num_classes=0):
     does not return one logit per example, or when the networks' conditioning (two inputs:
     [z or x, labels]) does not match `num_classes` (0: unconditional)."""
     for name, model in (("generator", generator), ("discriminator", discriminator)):
-        if bool(num_classes) != _two_inputs(model):
+        if bool(num_classes) != is_conditional(model):
             raise ValueError(
                 f"num_classes={num_classes} but the {name} is "
-                f"{'conditional ([inputs, labels])' if _two_inputs(model) else 'unconditional'}"
+                f"{'conditional ([inputs, labels])' if is_conditional(model) else 'unconditional'}"
                 f"; a conditional GAN needs num_classes > 0 and both networks taking "
                 f"[inputs, labels], an unconditional one num_classes=0 and single inputs")
     g_out = tuple(generator.output_shape[1:])
