@@ -11,17 +11,17 @@ decay is what sharpens the modes: 61% high quality after 10,000 steps at a const
 82% with the decay). The previous recipe (3 x 128, batch norm in G, lr 1e-4, 5,000 steps)
 scored 10/25 modes and 1.8% high quality.
 
-Measured 2026-12-01 on the shared 2-core CPU while other sessions ran test suites (load
-average 4-6 for the whole run, so this process had about one core):
+Measured 2026-12-01 on a quiet 2-core CPU (nothing else running):
     /usr/bin/time python -m tf_gan_scale.main --config=experiments/gauss2d.py --workdir=/tmp/grid25
-    -> 512 s wall (user 574 s, sys 73 s); 44-76 steps/s logged per 500 steps, median 64
+    -> 255 s wall (4:15; user 392 s), 118-128 steps/s logged per 500 steps
     python tools/toy_metrics.py --workdir=/tmp/grid25
     -> {"step": 30000, "modes": 25, "num_modes": 25, "high_quality": 0.9272,
         "reverse_kl": 0.0059, "num_samples": 2500}
-    the same with --config.seed=1 -> 25/25 modes, 0.9044, reverse KL 0.0066 (537 s wall,
-    median 62 steps/s, load 4-8): two seeds, the margin over 90% is thin
-On a quiet machine (nothing else running, 2026-12-01 03:02): 354 s wall (5:54), the same
-25/25 and 0.9272 (the run is deterministic): just over the 5-minute target.
+    the same with --config.seed=1 -> 25/25 modes, 0.9044, reverse KL 0.0066 (269 s wall):
+    two seeds, the margin over 90% is thin
+Before the input pipeline shuffled whole batches in one op (data/pipeline.py) the same run
+took 354 s quiet (85 steps/s: 5 ms of every step went to shuffling 256 indices one by one)
+with the same result: the example order is bit-identical.
 What mattered in the sweep (10k-30k steps, one seed each, same protocol): without R1 high
 quality is high but modes go missing (20/25, 87%); R1 0.01 also lost modes (22/25); 128- or
 256 x 2-wide nets reached 88% and 84% at 30k steps; lr 2e-3 81% at 20k; batch 512 no better

@@ -302,6 +302,21 @@ def test_order_is_a_function_of_seed_and_every_epoch_a_permutation():
     assert not np.array_equal(labels[:100], labels[100:200])
 
 
+def test_order_is_the_documented_index_shuffle_across_epochs():
+    # The pipeline shuffles whole batches in one raw op; example i must still be
+    # index_shuffle(i % n, [seed, i // n], n - 1), TensorFlow's public per-index form
+    # (the order checkpoints and resumed runs rely on), also in a batch that straddles
+    # an epoch boundary (batch 3 holds examples 90..119 of a 100-example epoch).
+    n, seed = 100, 5
+    s = data.Source("small", n, (2,), 1, arrays={
+        "x": np.zeros((n, 2), np.float32), "label": np.arange(n, dtype=np.int32)})
+    got = np.concatenate([b["label"] for b in batches(
+        data.make_dataset(s, global_batch_size=30, seed=seed, start_batch=1), 4)])
+    want = [int(tf.random.experimental.index_shuffle(
+        i % n, tf.constant([seed, i // n], tf.int64), n - 1)) for i in range(30, 150)]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 def test_resume_position_gives_the_same_batches(streamed):
     s = data.load("toy:grid25")
