@@ -62,6 +62,11 @@ def base():
     c.train.lecam_decay = 0.99
     c.train.ortho_weight = 0.0        # BigGAN's orthogonal regularization of G.
     c.train.steps_per_execution = 1
+    # Throughput (precision.py, GAN.compile): float32 | mixed_bfloat16 | mixed_float16;
+    # XLA for the per-replica step: auto | true | false; micro-batches per update.
+    c.train.precision = "float32"
+    c.train.jit_compile = "auto"
+    c.train.accumulation_steps = 1
     # Steps between checkpoints / sample grids; 0 turns the periodic ones off (one is
     # still written when training ends, and a checkpoint on preemption).
     c.train.checkpoint_every = 500
