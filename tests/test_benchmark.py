@@ -1,0 +1,79 @@
+"""tools/benchmark.py --input_only: the input pipeline alone against the train step."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import TINY, run_cmd
+from tf_gan_scale import data, perf
+
+KEYS = {"config", "source", "strategy", "replicas", "global_batch", "d_steps",
+        "steps_per_execution", "batches_per_call", "pipeline_batches_per_sec",
+        "pipeline_images_per_sec", "pipeline_timed_batches", "train_steps_per_sec",
+        "train_batches_per_sec", "step_time_s", "input_headroom", "all_step_times_s",
+        "all_pipeline_batches_per_sec"}
+
+
+def test_time_input_pipeline_pulls_k_batches_per_call(one_device):
+    # Labels = example index, so the next batch after the timed ones says how many were
+    # pulled: 2 warm-up + 3 timed calls of 4 batches = 20 (min_seconds=0: exactly 3).
+    n, gb = 40, 2
+    source = data.from_arrays("counting", np.zeros([n, 2], np.float32), np.arange(n))
+    dataset = data.make_dataset(source, global_batch_size=gb, seed=3)
+    iterator = iter(data.distribute(dataset, one_device))
+    out = perf.time_input_pipeline(iterator, one_device, batches_per_call=4,
+                                   warmup_calls=2, min_calls=3, min_seconds=0.0)
+    assert out["batches"] == 12
+    assert out["batches_per_sec"] == pytest.approx(12 / out["seconds"])
+    expected = list(dataset.take(21))[20]["label"].numpy()
+    np.testing.assert_array_equal(next(iterator)["label"].numpy(), expected)
+
+
+def run_input_only(extra):
+    proc = run_cmd(["tools/benchmark.py", *TINY, "--input_only", "--strategy=one_device",
+                    "--steps=3", "--warmup=1", "--repeats=1", "--input_seconds=0.2",
+                    *extra])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result) == KEYS
+    return result
+
+
+def check_numbers(result, *, source, d_steps=1):
+    assert result["source"] == source and result["global_batch"] == 32
+    assert result["batches_per_call"] == d_steps and result["d_steps"] == d_steps
+    assert result["pipeline_batches_per_sec"] > 0 and result["train_steps_per_sec"] > 0
+    # At least --steps calls of batches_per_call batches were timed.
+    assert result["pipeline_timed_batches"] >= 3 * d_steps
+    assert result["pipeline_timed_batches"] % d_steps == 0
+    assert result["pipeline_images_per_sec"] == pytest.approx(
+        32 * result["pipeline_batches_per_sec"], rel=1e-3)
+    assert result["train_steps_per_sec"] == pytest.approx(1 / result["step_time_s"], rel=1e-3)
+    assert result["train_batches_per_sec"] == pytest.approx(
+        d_steps * result["train_steps_per_sec"], rel=1e-3)
+    # Batches produced per batch consumed.
+    assert result["input_headroom"] == pytest.approx(
+        result["pipeline_batches_per_sec"] / result["train_batches_per_sec"],
+        rel=1e-2, abs=0.01)
+
+
+@pytest.mark.slow
+def test_input_only_embedded():
+    result = run_input_only([])
+    check_numbers(result, source="embedded:digits")
+    # d_steps 1: the headroom is pipeline batches/s over train steps/s.
+    assert result["input_headroom"] == pytest.approx(
+        result["pipeline_batches_per_sec"] / result["train_steps_per_sec"], rel=1e-2)
+
+
+@pytest.mark.slow
+def test_input_only_npz_two_d_steps(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x=rng.integers(0, 256, (96, 8, 8, 1), dtype=np.uint8),
+             y=rng.integers(0, 10, 96))
+    result = run_input_only([f"--config.data.source=npz:{path}",
+                             "--config.train.d_steps=2"])
+    check_numbers(result, source=f"npz:{path}", d_steps=2)
