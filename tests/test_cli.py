@@ -88,7 +88,7 @@ def tree_digest(root):
 BAD = [
     (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
     (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
-                                     "train: augment, checkpoint_every,"),
+                                     "train: accumulation_steps, augment, checkpoint_every,"),
     (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: embedded, folder"),
     (["--config.data.source=npz:/no/such.npz"], "npz file not found: '/no/such.npz'"),
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
@@ -97,6 +97,9 @@ BAD = [
     (["--strategy=mirrored", "--num_cpu_devices=2", "--config.train.global_batch_size=33"],
      "global_batch_size=33 is not divisible by the 2 replicas"),
     (["--config.model.latent_dim=7"], "does not match this config's model"),
+    (["--strategy=mirrored", "--num_cpu_devices=4", "--config.model.sync_bn_group_size=3"],
+     "config.model.sync_bn_group_size=3 does not divide the 4 replicas; valid: 0 (all) or "
+     "1, 2, 4"),
     (["--strategy=tpu", "--tpu=local"], "--strategy=tpu: no usable TPU"),
     # Nobody listens on port 1: refused at once, not connect_to_cluster's endless wait.
     (["--strategy=tpu", "--tpu=grpc://127.0.0.1:1"], "--tpu='grpc://127.0.0.1:1': cannot connect"),

@@ -28,6 +28,9 @@ def base():
     c.model.latent_dim = 100
     c.model.d_dropout = 0.3
     c.model.sync_bn = True
+    # Replicas per batch-norm statistics group (ghost BN, layers.SyncBatchNormalization):
+    # 0 = all replicas; else a divisor of the replica count.
+    c.model.sync_bn_group_size = 0
     c.model.g_norm = "batch"
     c.model.d_norm = "none"
     c.model.g_channels = (256, 128, 64)

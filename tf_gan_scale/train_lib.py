@@ -31,6 +31,7 @@ from absl import logging
 from tf_gan_scale import (architectures, callbacks, data, distribute, errors, gan as gan_lib,
                           losses, penalties, schedules)
 from tf_gan_scale import ema as ema_lib
+from tf_gan_scale.layers import normalization
 
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
               "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
@@ -61,7 +62,7 @@ def model_options(config):
     conditional (the number of classes comes from the data: `num_classes`)."""
     return {k: (tuple(v) if isinstance(v, list) else v)
             for k, v in config.model.items()
-            if k not in ("name", "latent_dim", "conditional")}
+            if k not in ("name", "latent_dim", "conditional", "sync_bn_group_size")}
 
 
 def num_classes(config, data_classes):
@@ -98,6 +99,8 @@ def build_gan(config, data_shape, data_classes=0):
     """
     classes = num_classes(config, data_classes)
     g, d = build_networks(config, data_shape, classes)
+    for net in (g, d):  # Batch statistics over groups of replicas (ghost BN); 0: all.
+        normalization.set_group_size(net, config.model.get("sync_bn_group_size", 0))
     t = config.train
     ema = t.get("ema") or {}
     # config.model.sync_bn=False asks for per-replica batch norm: keep it so.
@@ -241,6 +244,8 @@ def validate(config, num_replicas):
     penalties.get(t.penalty)
     architectures.options(config.model.name)
     _check_numbers(config)
+    normalization.check_config(config.model.get("sync_bn_group_size", 0), num_replicas,
+                               sync_bn=config.model.get("sync_bn", True))
     if config.model.get("conditional", False) and not architectures.conditional(
             config.model.name):
         raise errors.ConfigError(

@@ -13,6 +13,8 @@ framework's `SyncBatchNormalization`, i.e. over the GLOBAL batch of all replicas
 workers (one all-reduce per layer and pass), so N replicas normalize exactly like one
 device on the whole batch and the moving statistics agree on every replica. The affine
 part is per example (it reads only c), so it needs no communication. With
+`group_size=G` the statistics are over groups of G replicas (ghost batch norm, see
+`SyncBatchNormalization`). With
 `synchronized=False` each replica uses its own batch (Keras' `BatchNormalization`); the
 attribute is named like Keras' so `convert.sync_batch_norm` reports such a layer as
 keeping per-replica statistics.
@@ -21,7 +23,7 @@ keeping per-replica statistics.
 import keras
 from keras import ops
 
-from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization
+from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization, check_group_size
 
 
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
@@ -34,6 +36,8 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         epsilon: float added to the variance (BigGAN: 1e-5).
         synchronized: bool, statistics over the global batch (SyncBatchNormalization)
             instead of each replica's batch.
+        group_size: int, replicas per statistics group of the SyncBatchNormalization
+            (0: all replicas); needs synchronized=True.
         spectral_norm: bool, wrap `gain` and `bias` in `keras.layers.SpectralNormalization`
             (BigGAN: G's linear layers are spectrally normalized).
         power_iterations: int >= 1, power iterations per training-mode call.
@@ -51,11 +55,16 @@ class ConditionalBatchNormalization(keras.layers.Layer):
     """
 
     def __init__(self, momentum=0.9, epsilon=1e-5, synchronized=True, spectral_norm=True,
-                 power_iterations=1, kernel_initializer="orthogonal", **kwargs):
+                 power_iterations=1, kernel_initializer="orthogonal", group_size=0, **kwargs):
         super().__init__(**kwargs)
         self.momentum = float(momentum)
         self.epsilon = float(epsilon)
         self.synchronized = bool(synchronized)
+        check_group_size(group_size, 1)
+        if group_size and not self.synchronized:
+            raise ValueError(f"group_size needs synchronized=True (per-replica statistics "
+                             f"have no groups); Received: group_size={group_size}")
+        self._group_size = int(group_size or 0)
         self.spectral_norm = bool(spectral_norm)
         self.power_iterations = int(power_iterations)
         self.kernel_initializer = keras.initializers.serialize(
@@ -73,15 +82,31 @@ class ConditionalBatchNormalization(keras.layers.Layer):
     def build(self, input_shape):
         x_shape, c_shape = input_shape
         channels = x_shape[-1]
+        options = {"group_size": self.group_size} if self.synchronized else {}
         norm = SyncBatchNormalization if self.synchronized else keras.layers.BatchNormalization
         self.norm = norm(center=False, scale=False, momentum=self.momentum,
-                         epsilon=self.epsilon, name="norm")
+                         epsilon=self.epsilon, name="norm", **options)
         self.gain = self._linear(channels, "gain")
         self.bias = self._linear(channels, "bias")
         self.norm.build(x_shape)
         self.gain.build(c_shape)
         self.bias.build(c_shape)
         self.built = True
+
+    @property
+    def group_size(self):
+        return self._group_size
+
+    @group_size.setter
+    def group_size(self, value):
+        """Also sets it on the built SyncBatchNormalization (before the step is traced)."""
+        check_group_size(value, 1)
+        if value and not self.synchronized:
+            raise ValueError(f"group_size needs synchronized=True; Received: "
+                             f"group_size={value}")
+        self._group_size = int(value or 0)
+        if self.built and self.synchronized:
+            self.norm.group_size = self._group_size
 
     def call(self, inputs, training=None):
         x, c = inputs
@@ -99,4 +124,4 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         return {**super().get_config(), "momentum": self.momentum, "epsilon": self.epsilon,
                 "synchronized": self.synchronized, "spectral_norm": self.spectral_norm,
                 "power_iterations": self.power_iterations,
-                "kernel_initializer": self.kernel_initializer}
+                "kernel_initializer": self.kernel_initializer, "group_size": self.group_size}

@@ -3,7 +3,8 @@
 import keras
 
 from tf_gan_scale import errors
-from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization
+from tf_gan_scale.layers.conditional_batch_norm import ConditionalBatchNormalization
+from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization, check_group_size
 
 NORMS = ("none", "batch")
 
@@ -25,3 +26,31 @@ def make_norm(kind, *, sync_bn=True, name=None):
     if sync_bn:
         return SyncBatchNormalization(name=name)
     return keras.layers.BatchNormalization(name=name)
+
+
+def set_group_size(model, group_size):
+    """Sets `group_size` (replicas per statistics group, 0: all) on every
+    SyncBatchNormalization and ConditionalBatchNormalization inside `model`, at any depth.
+
+    Call it before the training step is traced (the layers read it when traced). Returns
+    the number of layers set; per-replica layers (plain BatchNormalization,
+    ConditionalBatchNormalization(synchronized=False)) are left alone.
+    """
+    check_group_size(group_size, 1, name="group_size")
+    count = 0
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(layer, SyncBatchNormalization) or (
+                isinstance(layer, ConditionalBatchNormalization) and layer.synchronized):
+            layer.group_size = int(group_size or 0)
+            count += 1
+    return count
+
+
+def check_config(group_size, num_replicas, *, sync_bn=True):
+    """ConfigError (one line) unless config.model.sync_bn_group_size=`group_size` fits
+    `num_replicas` replicas (0, >= the replicas, or a divisor) and cross-replica BN."""
+    name = "config.model.sync_bn_group_size"
+    check_group_size(group_size, num_replicas, name=name)
+    if group_size and not sync_bn:
+        raise errors.ConfigError(f"{name}={group_size} needs config.model.sync_bn=True "
+                                 f"(per-replica statistics have no groups); valid: 0")
