@@ -68,6 +68,14 @@ def cases():
                     "train.g_optimizer": {"name": "sgd", "learning_rate": 0.01},
                     "train.d_optimizer": {"name": "sgd", "learning_rate": 0.01}},
                    "digits16", 10),
+        # Gradient accumulation (issue 11): 2 micro-batches per update. Without batch
+        # norm it must equal the unaccumulated "no_bn"; with it, micro-batch j is the
+        # same global rows on every topology (gan._micro_batches).
+        "no_bn": ({"model.g_norm": "none"}, "digits"),
+        "accumulate": ({"model.g_norm": "none", "train.accumulation_steps": 2}, "digits"),
+        "accumulate_bn": ({**dcgan, "train.accumulation_steps": 2}, "digits"),
+        # bfloat16 arithmetic, float32 variables, statistics and outputs (precision.py).
+        "bf16": ({**dcgan, "train.precision": "mixed_bfloat16"}, "digits"),
         # The D-side stabilizers: LeCam, instance noise, label smoothing, lazy R1.
         "stabilizers": ({"model.d_dropout": 0.0, "train.lecam_weight": 0.5,
                          "train.instance_noise": 0.1, "train.instance_noise_steps": 4,

@@ -2,7 +2,7 @@
 
 Every case of tests/equivalence_run.py (batch norm in G and D; dropout; WGAN-GP and R1
 through a batch-normalized D; d_steps=2; batch-norm inputs whose mean is ~1e3x their
-spread; Adam) trains 3 steps on one device, on 2 and 4 logical CPU replicas, and on 2
+spread; Adam; gradient accumulation; mixed_bfloat16 with its own tolerance, BF16_TOL) trains 3 steps on one device, on 2 and 4 logical CPU replicas, and on 2
 local worker processes x 2 replicas (MultiWorkerMirroredStrategy over loopback), and
 every variable of G and D (weights, moving statistics, dropout counters) is compared.
 
@@ -32,7 +32,15 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 ADAM_TOL = 3e-3
 SGD_CASES = ["sgd", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean", "biggan",
-             "stabilizers"]
+             "stabilizers", "no_bn", "accumulate", "accumulate_bn"]
+# mixed_bfloat16: bfloat16 keeps 8 significant bits (unit roundoff u = 2**-8 = 3.9e-3).
+# A weight gradient is a sum over the batch computed in bfloat16 and rounded once: on 2
+# replicas each replica's partial sum is rounded, then the float32 all-reduce adds them,
+# so topologies legitimately differ by O(u) per gradient, not by float32's 1e-7. Measured
+# 2026-12-01 after 3 SGD steps: one device vs 2 replicas 6.8e-3 (~1.7u), 1 vs 2 intra-op
+# threads 2.4e-8 (bf16 kernels are deterministic per split), bfloat16 vs float32 1.4e-2.
+# BF16_TOL = 4u; the 2x gradient-scale error (1.1e-1) still fails by more than 5x.
+BF16_TOL = 4 * 2.0 ** -8
 SCRIPT = os.path.join("tests", "equivalence_run.py")
 RUNS = {  # name: flags of tests/equivalence_run.py
     "one_device": ["--strategy=one_device"],
@@ -95,6 +103,41 @@ def test_a_2x_gradient_scale_error_fails_by_orders_of_magnitude(runs):
     assert diff(runs["one_device"], runs["mirrored2_scale_error"], "sgd") >= 1e3 * TOL
 
 
+def test_bf16_replicas_and_workers_train_what_one_device_trains(runs):
+    one = runs["one_device"]
+    for topology in TOPOLOGIES:
+        assert diff(one, runs[topology], "bf16") <= BF16_TOL, topology
+    # bfloat16 really computed (not float32 under another name), and the tolerance still
+    # catches a gradient-scale error.
+    assert max_relative_diff(
+        {k.split("/", 1)[1]: one[k] for k in one.files if k.startswith("bf16/")
+         and not k.endswith("_loss")},
+        {k.split("/", 1)[1]: one[k] for k in one.files if k.startswith("sgd/")
+         and not k.endswith("_loss")}) > 1e-3
+    assert diff(one, runs["mirrored2_scale_error"], "sgd") >= 5 * BF16_TOL
+
+
+def test_accumulation_equals_one_big_batch(runs):
+    # 2 micro-batches per update, without batch norm: the update of the whole batch, on
+    # every topology (micro-batches of 8, 4 and 2 rows per replica), to float32 rounding.
+    for name in ("one_device", *TOPOLOGIES):
+        run = runs[name]
+        got = {k.split("/", 1)[1]: run[k] for k in run.files
+               if k.startswith("accumulate/") and not k.endswith("_loss")}
+        want = {k.split("/", 1)[1]: run[k] for k in run.files
+                if k.startswith("no_bn/") and not k.endswith("_loss")}
+        assert max_relative_diff(got, want) <= TOL, name
+    # With batch norm the statistics are per micro-batch: a different, documented
+    # computation (gan._micro_batches), equal across topologies (SGD_CASES) but not to
+    # the unaccumulated run.
+    one = runs["one_device"]
+    bn = {k.split("/", 1)[1]: one[k] for k in one.files
+          if k.startswith("accumulate_bn/") and not k.endswith("_loss")}
+    full = {k.split("/", 1)[1]: one[k] for k in one.files
+            if k.startswith("sgd/") and not k.endswith("_loss")}
+    assert max_relative_diff(bn, full) > 1e3 * TOL
+
+
 def test_per_replica_batch_norm_fails(runs):
     for topology in TOPOLOGIES:
         assert diff(runs["one_device"], runs[topology], "local_bn") >= 1e3 * TOL, topology
@@ -136,6 +179,11 @@ def test_one_collective_per_purpose(runs):
     # DCGAN without BN in D: D update 3 + 1, G update 3 + 3 + 1. LeCam's global means
     # ride on D's gradient all-reduce; the lazy R1 branch holds no collective.
     assert counts["stabilizers"] == 4 + 7
+    # Accumulation: ONE gradient all-reduce per network per update, whatever K; batch
+    # norm's run per micro-batch (K = 2: 2 x the 13 batch-norm collectives of "sgd").
+    assert counts["no_bn"] == counts["accumulate"] == 2
+    assert counts["accumulate_bn"] == 2 * (15 - 2) + 2
+    assert counts["bf16"] == 15  # Precision changes no communication.
 
 
 def test_the_biggan_case_exercises_what_it_claims(runs):

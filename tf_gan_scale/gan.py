@@ -37,6 +37,7 @@ from tf_gan_scale.replica import apply_global_gradients
 
 NONFINITE = "nonfinite"  # train_step output: which check failed (0: none).
 NONFINITE_D, NONFINITE_G, UNEVEN = 1, 2, 3
+ACCUMULATION_TAG = "accumulation_steps does not divide the per-replica batch of rows:"
 
 
 def _unpack(batch, need_labels=False):
@@ -65,8 +66,11 @@ def call_generator(generator, z, labels=None, training=False):
     if is_conditional(generator):
         if labels is None:
             raise ValueError("a conditional generator needs class labels")
-        return generator([z, tf.cast(labels, tf.int32)], training=training)
-    return generator(z, training=training)
+        out = generator([z, tf.cast(labels, tf.int32)], training=training)
+    else:
+        out = generator(z, training=training)
+    # float32 whatever the policy (precision.py): what losses, D and samples expect.
+    return tf.cast(out, tf.float32)
 
 
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
@@ -133,6 +137,11 @@ class GAN(keras.Model):
         # Global gradient norms (of the summed gradients: no collective), for TensorBoard.
         self.d_grad_norm_tracker = keras.metrics.Mean(name="d_grad_norm")
         self.g_grad_norm_tracker = keras.metrics.Mean(name="g_grad_norm")
+        # The fraction of updates skipped by dynamic loss scaling (mixed_float16) since
+        # the last log (x log_every: the count). A Mean of a global 0/1, as the loss
+        # trackers: a Sum would add every replica's update.
+        self.d_skipped_tracker = keras.metrics.Mean(name="d_skip_rate")
+        self.g_skipped_tracker = keras.metrics.Mean(name="g_skip_rate")
         # The wrapper has no call graph of its own; Keras' fit would try to trace one.
         self.built = True
 
@@ -154,7 +163,7 @@ class GAN(keras.Model):
                 penalty_weight=0.0, steps_per_execution=1, fid_extractor=None,
                 penalty_every=1, augment="", label_smoothing=0.0, instance_noise=0.0,
                 instance_noise_steps=0, lecam_weight=0.0, lecam_decay=0.99,
-                ortho_weight=0.0):
+                ortho_weight=0.0, accumulation_steps=1, jit_compile=False):
         """Configures training.
 
         Args:
@@ -185,10 +194,20 @@ class GAN(keras.Model):
                 the backward pass); the step's global means then update them.
             ortho_weight: BigGAN's orthogonal regularization of G's kernels (1e-4 in
                 the paper).
+            accumulation_steps: K >= 1, gradient accumulation: every update runs each
+                replica's batch as K micro-batches and all-reduces their summed
+                gradients once (`_d_update`); the per-replica batch must be divisible
+                by K. Batch-norm statistics are per micro-batch.
+            jit_compile: bool, compile the per-replica step (`train_step`) with XLA.
+                TensorFlow supports it on one device (CPU, GPU); under a multi-device
+                MirroredStrategy it fails (KERAS3_DISTRIBUTE_NOTES), so that is refused
+                here. A TPUStrategy compiles every step anyway. On this project's 2-core
+                CPU it was slower than oneDNN's kernels (README, Throughput).
         """
         if int(d_steps) < 1:
             raise ValueError(f"d_steps must be >= 1; Received: d_steps={d_steps}")
         for name, value, low in (("penalty_every", penalty_every, 1),
+                                 ("accumulation_steps", accumulation_steps, 1),
                                  ("instance_noise_steps", instance_noise_steps, 0)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
                     or value < low:
@@ -214,7 +233,15 @@ class GAN(keras.Model):
             raise errors.ConfigError(
                 f"label_smoothing needs a cross-entropy loss; Received: loss={loss!r}; "
                 f"valid: {', '.join(losses.CROSS_ENTROPY)}")
+        strategy = self.distribute_strategy
+        if jit_compile and strategy.num_replicas_in_sync > 1 and not isinstance(
+                strategy, tf.distribute.TPUStrategy):
+            raise errors.ConfigError(
+                f"jit_compile=True needs one replica (XLA cannot compile a step whose "
+                f"variables are mirrored over {strategy.num_replicas_in_sync} devices); "
+                f"valid: jit_compile=False, or one device")
         super().compile(steps_per_execution=steps_per_execution, jit_compile=False)
+        self.xla = bool(jit_compile) and not isinstance(strategy, tf.distribute.TPUStrategy)
         self.g_optimizer = keras.optimizers.get(g_optimizer)
         self.d_optimizer = keras.optimizers.get(d_optimizer)
         # Keras' compile left its default optimizer (an unused, unbuilt RMSprop) in
@@ -233,6 +260,7 @@ class GAN(keras.Model):
         self.instance_noise_steps = int(instance_noise_steps)
         self.lecam_weight, self.lecam_decay = float(lecam_weight), float(lecam_decay)
         self.ortho_weight = float(ortho_weight)
+        self.accumulation_steps = int(accumulation_steps)
         # What `get_compile_config` saves: names stay names; a custom loss callable must be
         # registered with keras.saving.register_keras_serializable to be reloaded.
         self._gan_compile_config = {
@@ -245,7 +273,8 @@ class GAN(keras.Model):
             "label_smoothing": float(label_smoothing), "instance_noise": self.instance_noise,
             "instance_noise_steps": self.instance_noise_steps,
             "lecam_weight": self.lecam_weight, "lecam_decay": self.lecam_decay,
-            "ortho_weight": self.ortho_weight}
+            "ortho_weight": self.ortho_weight, "accumulation_steps": self.accumulation_steps,
+            "jit_compile": self.xla}
         self._fid = None
         if fid_extractor:
             from tf_gan_scale import evaluation
@@ -288,8 +317,12 @@ class GAN(keras.Model):
 
     @property
     def metrics(self):
-        return [self.d_loss_tracker, self.g_loss_tracker, self.d_grad_norm_tracker,
-                self.g_grad_norm_tracker]
+        out = [self.d_loss_tracker, self.g_loss_tracker, self.d_grad_norm_tracker,
+               self.g_grad_norm_tracker]
+        if any(isinstance(getattr(self, name, None), keras.optimizers.LossScaleOptimizer)
+               for name in ("g_optimizer", "d_optimizer")):
+            out += [self.d_skipped_tracker, self.g_skipped_tracker]
+        return out
 
     @property
     def step(self):
@@ -330,8 +363,10 @@ class GAN(keras.Model):
     def _discriminate(self, x, labels, training):
         """D's logits for x [B, ...] with class labels [B] (ignored if unconditional)."""
         if self.num_classes:
-            return self.discriminator([x, labels], training=training)
-        return self.discriminator(x, training=training)
+            logits = self.discriminator([x, labels], training=training)
+        else:
+            logits = self.discriminator(x, training=training)
+        return tf.cast(logits, tf.float32)  # Losses in float32 (precision.py).
 
     def _fake_labels(self, step, phase, rows):
         """Labels int32 [len(rows)] of the fakes of latents phase `phase` (zeros when
@@ -359,17 +394,77 @@ class GAN(keras.Model):
             x = x + std * noise
         return x
 
+    def _micro_batches(self, n):
+        """Slices of this replica's rows for gradient accumulation: micro-batch j of K
+        (K = accumulation_steps) holds the rows j, j + K, j + 2K, ... (n % K == 0 is
+        checked by `train_lib.validate` and `_check_accumulation`).
+
+        Strided, not contiguous, so that micro-batch j is the same set of GLOBAL rows on
+        every topology: a replica's rows start at a multiple of its row count, a multiple
+        of K, so global row i falls in micro-batch i mod K everywhere. Batch-norm
+        statistics (per micro-batch, over every replica's micro-batch j) then match one
+        device with the same K."""
+        k = self.accumulation_steps
+        if k == 1:
+            return [slice(None)]
+        del n
+        return [slice(j, None, k) for j in range(k)]
+
+    def _check_accumulation(self, real):
+        """`real` [B, ...], once B is known to split into accumulation_steps micro-batches
+        (else micro-batches would silently drop rows): a runtime assert (a trace-time
+        error would reach the user wrapped in autograph's), reported by the step loop as
+        one ConfigError line."""
+        k = self.accumulation_steps
+        if k == 1:
+            return real
+        b = tf.shape(real)[0]
+        ok = tf.debugging.Assert(tf.equal(b % k, 0), [ACCUMULATION_TAG, b])
+        with tf.control_dependencies([ok]):
+            return tf.identity(real)
+
     def _d_update(self, real, real_labels, step, k):
         """One D update on this replica's real batch [B, ...] with labels [B].
+
+        With accumulation_steps K > 1 the batch runs as K micro-batches of B/K rows
+        (`_micro_batches`), one forward/backward pass each; their gradients are summed
+        locally and all-reduced ONCE, each micro-batch's losses divided by the FULL
+        global batch, so the update is the one of the whole batch (exactly, for a D
+        without batch norm: batch-norm statistics are per micro-batch, over every
+        replica's micro-batch j, as in BigGAN's accumulation, and the moving statistics
+        take K updates). Every random draw is keyed by the example's global row, which
+        does not depend on K.
 
         Returns (global mean D loss, finite, global row count): the loss of the whole
         global batch (its share rides on the gradient all-reduce, as does this replica's
         row count, so checking the split costs no collective) and whether it and the
-        global gradients are finite (True when a LossScaleOptimizer handles overflow).
+        global gradients are finite (with a LossScaleOptimizer a non-finite update is
+        skipped, not an error: see `_skipped`).
         """
         b = tf.shape(real)[0]
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
+        variables = self.discriminator.trainable_variables
+        grads, shares, means = None, [], []
+        for part in self._micro_batches(b):
+            g, share, m = self._d_grads(real[part], real_labels[part], rows[part], gb,
+                                        step, k)
+            grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
+            shares.append(share)
+            means = m if not means else [x + y for x, y in zip(means, m)]
+        (d_loss, count, *means), finite, norm = apply_global_gradients(
+            self.d_optimizer, grads, variables, [tf.add_n(shares), b] + means)
+        if self.lecam_weight:
+            self.lecam_anchors.assign(regularizers.update_anchor(
+                self.lecam_anchors, tf.stack(means), self.lecam_decay))
+        self.d_grad_norm_tracker.update_state(norm)
+        return d_loss, self._skipped(self.d_optimizer, finite, self.d_skipped_tracker), count
+
+    def _d_grads(self, real, real_labels, rows, gb, step, k):
+        """D's local gradients on real rows [m, ...] (global rows `rows` [m]) and as many
+        fakes: (grads, this replica's share of the global mean D loss, [its shares of
+        D's global mean real and fake outputs] for LeCam, else [])."""
+        b = tf.shape(real)[0]
         z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
         fake_labels = self._fake_labels(step, k, rows)
         fake = call_generator(self.generator, z, fake_labels, training=True)
@@ -397,14 +492,16 @@ class GAN(keras.Model):
         # LeCam's anchors move with D's GLOBAL mean outputs: their shares ride along.
         means = [replica.global_mean(tf.reshape(v, [-1]), gb)
                  for v in (real_logits, fake_logits)] if self.lecam_weight else []
-        (d_loss, count, *means), finite, norm = apply_global_gradients(
-            self.d_optimizer, grads, self.discriminator.trainable_variables,
-            [share, b] + means)
-        if self.lecam_weight:
-            self.lecam_anchors.assign(regularizers.update_anchor(
-                self.lecam_anchors, tf.stack(means), self.lecam_decay))
-        self.d_grad_norm_tracker.update_state(norm)
-        return d_loss, finite, count
+        return grads, share, means
+
+    def _skipped(self, optimizer, finite, tracker):
+        """`finite` for the step's error check: always True under dynamic loss scaling,
+        where a non-finite update is skipped on every replica (apply_global_gradients)
+        and counted in `tracker`."""
+        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return finite
+        tracker.update_state(1.0 - tf.cast(finite, tf.float32))
+        return tf.constant(True)
 
     def _penalty(self, real, fake, labels, rows, step, k):
         """penalty_weight x the per-example penalty [B] (penalties.py) on what D saw; with
@@ -429,12 +526,31 @@ class GAN(keras.Model):
                        lambda: tf.zeros(tf.shape(real)[:1]))
 
     def _g_update(self, b, step, uneven):
-        """One G update on a fresh latent batch of size b; returns (global mean G loss,
-        finite, global sum of `uneven`) as `_d_update`: `uneven` (this replica's verdict
-        on the split of the D batches) rides along, so every replica and worker reaches
-        the same verdict."""
+        """One G update on a fresh latent batch of size b (as K micro-batches with
+        accumulation, as in `_d_update`); returns (global mean G loss, finite, global
+        sum of `uneven`) as `_d_update`: `uneven` (this replica's verdict on the split of
+        the D batches) rides along, so every replica and worker reaches the same verdict."""
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
+        grads, shares = None, []
+        for j, part in enumerate(self._micro_batches(b)):
+            g, share = self._g_grads(rows[part], gb, step, regularize=j == 0)
+            grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
+            shares.append(share)
+        (g_loss, uneven), finite, norm = apply_global_gradients(
+            self.g_optimizer, grads, self.generator.trainable_variables,
+            [tf.add_n(shares), uneven])
+        self.g_grad_norm_tracker.update_state(norm)
+        if self.ema is not None:
+            # Reads G's weights and the step after the update (automatic control
+            # dependencies order reads after writes of the same variable).
+            self.ema.update(self.generator, self.step)
+        return g_loss, self._skipped(self.g_optimizer, finite, self.g_skipped_tracker), uneven
+
+    def _g_grads(self, rows, gb, step, regularize=True):
+        """G's local gradients for the fakes of global rows `rows` [m]: (grads, this
+        replica's share of the global mean G loss, plus the orthogonal regularizer's
+        1/N if `regularize`: once per update, not per micro-batch)."""
         z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE), rows,
                                 [self.latent_dim])
         labels = self._fake_labels(step, latents.G_PHASE, rows)
@@ -445,21 +561,13 @@ class GAN(keras.Model):
             # real_logits only feed the D term, which G's gradient ignores.
             per_example = self.loss_fn(real_logits=fake_logits, fake_logits=fake_logits).g
             share = replica.global_mean(per_example, gb)
-            if self.ortho_weight:
+            if self.ortho_weight and regularize:
                 # Not per example: every replica adds 1/N of it, so the summed gradient
                 # is the one-device gradient of the regularizer (regularizers.orthogonal).
                 share += self.ortho_weight * regularizers.orthogonal(
                     _ortho_weights(self.generator)) / replica.num_replicas()
             loss = self.g_optimizer.scale_loss(share)
-        grads = tape.gradient(loss, self.generator.trainable_variables)
-        (g_loss, uneven), finite, norm = apply_global_gradients(
-            self.g_optimizer, grads, self.generator.trainable_variables, [share, uneven])
-        self.g_grad_norm_tracker.update_state(norm)
-        if self.ema is not None:
-            # Reads G's weights and the step after the update (automatic control
-            # dependencies order reads after writes of the same variable).
-            self.ema.update(self.generator, self.step)
-        return g_loss, finite, uneven
+        return tape.gradient(loss, self.generator.trainable_variables), share
 
     def train_step(self, data):
         """One GAN step on this replica. Runs inside `strategy.run`.
@@ -483,6 +591,7 @@ class GAN(keras.Model):
         uneven = tf.constant(0.0)
         for k, batch in enumerate(batches):
             real, labels = _unpack(batch, need_labels=bool(self.num_classes))
+            real = self._check_accumulation(real)
             d_loss, finite, count = self._d_update(real, labels, step, k)
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
             # This replica's rows differ from an even share of the global count. The
@@ -524,6 +633,10 @@ class GAN(keras.Model):
         strategy = self.distribute_strategy
         d_steps = self.d_steps
         steps = int(self.steps_per_execution or 1)
+        # XLA compiles the per-replica step only: the iterator, the step loop and the
+        # strategy's plumbing stay in the surrounding graph.
+        step_fn = tf.function(self.train_step, jit_compile=True) if self.xla \
+            else self.train_step
 
         def one_step(iterator, first):
             """Runs one GAN step; returns (code, step) of the first non-finite one."""
@@ -532,8 +645,7 @@ class GAN(keras.Model):
             batches = tuple(next(iterator) for _ in range(d_steps))
             # The step's ops wait for the split check: nothing is updated when it fails.
             with tf.control_dependencies(checks.assert_even_split(strategy, batches)):
-                out = strategy.run(self.train_step,
-                                   args=(batches if d_steps > 1 else batches[0],))
+                out = strategy.run(step_fn, args=(batches if d_steps > 1 else batches[0],))
             new = strategy.experimental_local_results(out[NONFINITE])[0]
             fresh = tf.logical_and(code == 0, new > 0)
             return tf.where(fresh, new, code), tf.where(fresh, before, at)
@@ -554,6 +666,13 @@ class GAN(keras.Model):
             try:
                 logs, (code, at) = compiled(iterator)
             except tf.errors.InvalidArgumentError as e:
+                if ACCUMULATION_TAG in e.message:
+                    # "assertion failed: [TAG] [16]": the rows follow the tag.
+                    rows = e.message.split(ACCUMULATION_TAG)[1].split("[")[1].split("]")[0]
+                    raise errors.ConfigError(
+                        f"accumulation_steps={self.accumulation_steps} does not divide the "
+                        f"per-replica batch of {rows} rows; valid: a divisor of {rows}"
+                    ) from None
                 if checks.UNEVEN_TAG not in e.message:
                     raise
                 raise errors.UnevenBatchError(checks.uneven_message(
@@ -703,6 +822,13 @@ class GAN(keras.Model):
         """Samples for latents z [N, latent_dim] (and labels [N] if conditional) ->
         [N, *data_shape], inference mode, from `sampler` (the EMA generator if any)."""
         return generate(self.sampler, z, batch_size, labels)
+
+
+def _add_grads(a, b):
+    """Sum of two gradients of one variable (None: not connected)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def _ortho_weights(generator):

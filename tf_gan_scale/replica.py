@@ -131,10 +131,13 @@ def apply_global_gradients(optimizer, grads, variables, riders=()):
             one dtype keeps it one collective), e.g. the loss share and the row count.
     Returns:
         (summed riders: list of float32 scalars, finite, norm): `finite` is a bool
-        scalar, True when the global gradients and riders are all finite, and always True
-        for a LossScaleOptimizer (which skips such steps itself); `norm` is the global
-        L2 norm of the (summed, unscaled) gradients, for logging. Identical on every
-        replica.
+        scalar, True when the global gradients and riders are all finite; `norm` is the
+        global L2 norm of the (summed, unscaled) gradients, for logging. Identical on
+        every replica. With a LossScaleOptimizer a non-finite step is not an error but a
+        skipped update (the optimizer halves its scale and leaves the weights alone, on
+        every replica since it sees the global gradients); its `iterations` still advance
+        by one, as Keras 2's did, so the step counter (G's iterations), the data position
+        and the latents of later steps do not depend on how many updates overflowed.
     Call in replica context (inside `strategy.run`) or without a strategy.
     """
     ctx = tf.distribute.get_replica_context()
@@ -148,19 +151,24 @@ def apply_global_gradients(optimizer, grads, variables, riders=()):
         for i, g in zip(live, reduced):
             grads[i] = g
         extra = reduced[len(live):]
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    # Global values, so every replica (and worker) reaches the same verdict.
+    checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
+              + [tf.math.is_finite(e) for e in extra])
+    finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    # The scale the gradients carry: read before `apply` may halve or double it.
+    scale = tf.identity(tf.cast(optimizer.scale_loss(1.0), tf.float32)) if scaled else None
     with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
         optimizer.apply(grads, variables)
+    if scaled:
+        with tf.control_dependencies([finite]):
+            optimizer.iterations.assign_add(
+                tf.cast(tf.logical_not(finite), optimizer.iterations.dtype))
     # Global gradients, so the norm costs no collective (and is the same everywhere).
     norm = tf.linalg.global_norm([tf.cast(grads[i], tf.float32) for i in live]) if live \
         else tf.constant(0.0)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        norm = norm / tf.cast(optimizer.scale_loss(1.0), tf.float32)
-        finite = tf.constant(True)
-    else:
-        # Global values, so every replica (and worker) reaches the same verdict.
-        checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
-                  + [tf.math.is_finite(e) for e in extra])
-        finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    if scaled:
+        norm = norm / scale
     return list(extra), finite, norm
 
 

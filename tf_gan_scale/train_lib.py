@@ -29,7 +29,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import (architectures, callbacks, data, distribute, errors, gan as gan_lib,
-                          losses, penalties, schedules)
+                          losses, penalties, precision, schedules)
 from tf_gan_scale import ema as ema_lib
 from tf_gan_scale.layers import normalization
 
@@ -85,9 +85,11 @@ def build_networks(config, data_shape, classes=0):
     options = model_options(config)
     if "seed" in architectures.options(config.model.name):
         options.setdefault("seed", config.seed)  # Layer seeds (dropout) follow config.seed.
-    return architectures.build(config.model.name, data_shape=data_shape,
-                               latent_dim=config.model.latent_dim, num_classes=classes,
-                               **options)
+    # Layers compute in config.train.precision; variables and outputs stay float32.
+    with precision.policy(config.train.get("precision", "float32")):
+        return architectures.build(config.model.name, data_shape=data_shape,
+                                   latent_dim=config.model.latent_dim, num_classes=classes,
+                                   **options)
 
 
 def build_gan(config, data_shape, data_classes=0):
@@ -109,10 +111,14 @@ def build_gan(config, data_shape, data_classes=0):
                         num_classes=classes, ema_decay=ema.get("decay", 0.0),
                         ema_start=ema.get("start", 0), ema_warmup=ema.get("warmup", 0))
     decay, warmup = t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0)
+    mode = t.get("precision", "float32")
     # Schedules count each optimizer's own updates: D makes d_steps per G step.
-    model.compile(g_optimizer=make_optimizer(t.g_optimizer, (decay, warmup, t.num_steps)),
-                  d_optimizer=make_optimizer(t.d_optimizer, (decay, warmup * t.d_steps,
-                                                             t.num_steps * t.d_steps)),
+    g_opt = make_optimizer(t.g_optimizer, (decay, warmup, t.num_steps))
+    d_opt = make_optimizer(t.d_optimizer, (decay, warmup * t.d_steps, t.num_steps * t.d_steps))
+    model.compile(g_optimizer=precision.optimizer(g_opt, mode),
+                  d_optimizer=precision.optimizer(d_opt, mode),
+                  jit_compile=jit_compile(t.get("jit_compile", "auto"),
+                                          tf.distribute.get_strategy()),
                   loss=t.loss, d_steps=t.d_steps, penalty=t.penalty,
                   penalty_weight=t.penalty_weight, steps_per_execution=t.steps_per_execution,
                   **{k: t[k] for k in TECHNIQUES if k in t})
@@ -121,7 +127,26 @@ def build_gan(config, data_shape, data_classes=0):
 
 # config.train keys passed to GAN.compile as they are (see its docstring).
 TECHNIQUES = ("penalty_every", "augment", "label_smoothing", "instance_noise",
-              "instance_noise_steps", "lecam_weight", "lecam_decay", "ortho_weight")
+              "instance_noise_steps", "lecam_weight", "lecam_decay", "ortho_weight",
+              "accumulation_steps")
+
+JIT_CHOICES = ("auto", "true", "false")
+
+
+def jit_compile(value, strategy):
+    """config.train.jit_compile (auto | true | false, or a bool) -> bool for GAN.compile.
+
+    "auto" is False: XLA is off where it is not known to be faster. Measured on this
+    project's 2-core CPU (README, Throughput) the XLA step was slower than TensorFlow's
+    oneDNN kernels; on a GPU it is not measured here (set true to try it: one replica
+    only); a TPUStrategy compiles every step with XLA whatever this says.
+    """
+    name = str(value).lower()
+    if name not in JIT_CHOICES:
+        raise errors.ConfigError(f"config.train.jit_compile={value!r}; valid: "
+                                 f"{', '.join(JIT_CHOICES)}")
+    del strategy  # The choice does not depend on it today; GAN.compile checks the fit.
+    return name == "true"
 
 
 # Numeric keys and their valid ranges; checked before any data is read or file written.
@@ -268,6 +293,24 @@ def validate(config, num_replicas):
         raise errors.ConfigError(
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
+    precision.check(t.get("precision", "float32"))
+    if jit_compile(t.get("jit_compile", "auto"), None) and num_replicas > 1 and not \
+            isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
+        raise errors.ConfigError(
+            f"config.train.jit_compile={t.jit_compile!r} needs one replica (XLA cannot "
+            f"compile a step mirrored over {num_replicas} devices); valid: auto, false, or "
+            f"--strategy=one_device")
+    k = t.get("accumulation_steps", 1)
+    if not _is_int(k) or k < 1:
+        raise errors.ConfigError(f"config.train.accumulation_steps must be an integer >= 1; "
+                                 f"Received: {k!r}")
+    per_replica = t.global_batch_size // num_replicas
+    if per_replica % k:
+        divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
+        raise errors.ConfigError(
+            f"config.train.accumulation_steps={k} does not divide the per-replica batch "
+            f"{per_replica} (global batch {t.global_batch_size} / {num_replicas} replicas); "
+            f"valid: {', '.join(map(str, divisors))}")
 
 
 def restore(ckpt_dir, checkpoint, path=None):

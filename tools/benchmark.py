@@ -245,7 +245,7 @@ def main(argv):
                                         num_cpu_devices=FLAGS.num_cpu_devices)
     import keras
     import numpy as np
-    from tf_gan_scale import architectures, data, train_lib
+    from tf_gan_scale import architectures, data, precision, train_lib
 
     train_lib.validate(config, strategy.num_replicas_in_sync)
     if FLAGS.eval_extractor:
@@ -273,9 +273,11 @@ def main(argv):
                                  "apply to a conditional config; use --baseline=false")
     if FLAGS.baseline:
         keras.utils.set_random_seed(config.seed)
-        g, d = architectures.build(config.model.name, data_shape=source.shape,
-                                   latent_dim=config.model.latent_dim,
-                                   **train_lib.model_options(config))
+        # The same networks in the same precision (the plain GAN's own Keras way).
+        with precision.policy(config.train.precision):
+            g, d = architectures.build(config.model.name, data_shape=source.shape,
+                                       latent_dim=config.model.latent_dim,
+                                       **train_lib.model_options(config))
         plain = plain_gan_class()(g, d, config.model.latent_dim)
         plain.compile(train_lib.make_optimizer(config.train.g_optimizer),
                       train_lib.make_optimizer(config.train.d_optimizer))
@@ -292,6 +294,8 @@ def main(argv):
         "replicas": strategy.num_replicas_in_sync, "global_batch": gb,
         "sync_bn": bool(config.model.get("sync_bn", False)),
         "d_steps": config.train.d_steps, "steps": FLAGS.steps, "repeats": FLAGS.repeats,
+        "precision": config.train.precision, "xla": bool(model.xla),
+        "accumulation_steps": config.train.accumulation_steps,
         "step_time_s": round(step_time, 5),
         "images_per_sec": round(gb * config.train.d_steps / step_time, 1),
         "all_step_times_s": [round(t, 4) for t in times["tf_gan_scale"]],

@@ -75,6 +75,7 @@ from tf_gan_scale import errors
 from tf_gan_scale.architectures.resnet import d_block
 from tf_gan_scale.layers import (ConditionalBatchNormalization, SelfAttention, Split,
                                  SyncBatchNormalization)
+from tf_gan_scale.precision import OUTPUT
 
 # Resolution -> multipliers and defaults, from BigGAN-PyTorch's G_arch / D_arch (out_channels).
 PRESETS = {
@@ -112,14 +113,16 @@ class _Builder:
     def wrap(self, layer):
         if not self.sn:
             return layer
-        return keras.layers.SpectralNormalization(layer, power_iterations=self.power_iterations)
+        # The wrapper computes in its layer's policy (a float32 logit layer stays float32).
+        return keras.layers.SpectralNormalization(layer, power_iterations=self.power_iterations,
+                                                  dtype=layer.dtype_policy)
 
     def conv(self, filters, k, use_bias=True):
         return self.wrap(keras.layers.Conv2D(filters, k, padding="same", use_bias=use_bias,
                                              kernel_initializer=_initializer(self.init)))
 
-    def dense(self, units, use_bias=True):
-        return self.wrap(keras.layers.Dense(units, use_bias=use_bias,
+    def dense(self, units, use_bias=True, dtype=None):
+        return self.wrap(keras.layers.Dense(units, use_bias=use_bias, dtype=dtype,
                                             kernel_initializer=_initializer(self.init)))
 
     def attention(self):
@@ -313,7 +316,7 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
             x = gb.attention()(x)
     x = keras.layers.ReLU()(gb.norm(x, None))
     x = gb.conv(channels, 3)(x)
-    x = keras.layers.Activation("tanh")(x)
+    x = keras.layers.Activation("tanh", dtype=OUTPUT)(x)
     generator = keras.Model(inputs if conditional else z, x, name="generator")
 
     # ---- Discriminator.
@@ -331,7 +334,7 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
     # Global SUM pooling (SNGAN/BigGAN): the mean times the number of positions.
     h = keras.layers.GlobalAveragePooling2D()(h)
     h = keras.layers.Rescaling(float(d_res[-1] ** 2))(h)
-    logits = db.dense(1)(h)
+    logits = db.dense(1, dtype=OUTPUT)(h)
     if conditional:
         d_labels = keras.Input((), dtype="int32", name="labels")
         one_hot = keras.layers.CategoryEncoding(num_classes, output_mode="one_hot")(d_labels)
@@ -339,7 +342,7 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
         # (Keras' wrapper on an Embedding would cast its output to int32: module docstring).
         embed = db.dense(h.shape[-1], use_bias=False)(one_hot)
         projection = keras.layers.Dot(axes=1)([embed, h])  # sum(embed(y) * h): [B, 1].
-        logits = keras.layers.Add()([logits, projection])
+        logits = keras.layers.Add(dtype=OUTPUT)([logits, projection])
         discriminator = keras.Model([image, d_labels], logits, name="discriminator")
     else:
         discriminator = keras.Model(image, logits, name="discriminator")

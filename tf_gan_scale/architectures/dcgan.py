@@ -14,6 +14,7 @@ import keras
 
 from tf_gan_scale import errors
 from tf_gan_scale.layers import ReplicaDropout, make_norm
+from tf_gan_scale.precision import OUTPUT
 
 
 def _add(layers, layer):
@@ -56,7 +57,7 @@ def build(*, data_shape, latent_dim, d_dropout=0.3, sync_bn=True, g_norm="batch"
     _add(g, make_norm(g_norm, sync_bn=sync_bn))
     g += [keras.layers.LeakyReLU(),
           keras.layers.Conv2DTranspose(c, 5, strides=2, padding="same", use_bias=False,
-                                       activation="tanh")]
+                                       activation="tanh", dtype=OUTPUT)]
 
     d = [keras.Input((h, w, c))]
     for i, ch in enumerate(d_channels):
@@ -64,5 +65,5 @@ def build(*, data_shape, latent_dim, d_dropout=0.3, sync_bn=True, g_norm="batch"
         if i > 0:
             _add(d, make_norm(d_norm, sync_bn=sync_bn))
         d += [keras.layers.LeakyReLU(), ReplicaDropout(d_dropout, seed=seed + i)]
-    d += [keras.layers.Flatten(), keras.layers.Dense(1)]
+    d += [keras.layers.Flatten(), keras.layers.Dense(1, dtype=OUTPUT)]
     return (keras.Sequential(g, name="generator"), keras.Sequential(d, name="discriminator"))

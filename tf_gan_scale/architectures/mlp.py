@@ -4,6 +4,7 @@ import keras
 
 from tf_gan_scale import errors
 from tf_gan_scale.layers import make_norm
+from tf_gan_scale.precision import OUTPUT
 
 
 def build(*, data_shape, latent_dim, hidden=(256, 256), g_norm="batch", d_norm="none",
@@ -33,7 +34,7 @@ def build(*, data_shape, latent_dim, hidden=(256, 256), g_norm="batch", d_norm="
             if n is not None:
                 layers.append(n)
             layers.append(keras.layers.LeakyReLU(0.2))
-        layers.append(keras.layers.Dense(out, activation=activation))
+        layers.append(keras.layers.Dense(out, activation=activation, dtype=OUTPUT))
         return keras.Sequential(layers, name=name)
 
     return (stack((latent_dim,), g_norm, data_shape[0], None, "generator"),

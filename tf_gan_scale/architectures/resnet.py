@@ -37,12 +37,15 @@ import keras
 
 from tf_gan_scale import errors
 from tf_gan_scale.layers import make_norm
+from tf_gan_scale.precision import OUTPUT
 
 
 def _sn(layer, enabled, power_iterations):
     if not enabled:
         return layer
-    return keras.layers.SpectralNormalization(layer, power_iterations=power_iterations)
+    # The wrapper computes in its layer's policy (a float32 logit layer stays float32).
+    return keras.layers.SpectralNormalization(layer, power_iterations=power_iterations,
+                                              dtype=layer.dtype_policy)
 
 
 def _conv(ch, k, sn, power_iterations):
@@ -144,7 +147,7 @@ def build(*, data_shape, latent_dim, g_channels=(256, 256, 256),
                      power_iterations=power_iterations)
     x = _norm_act(x, g_norm, sync_bn)
     x = _conv(c, 3, g_spectral_norm, power_iterations)(x)
-    x = keras.layers.Activation("tanh")(x)
+    x = keras.layers.Activation("tanh", dtype=OUTPUT)(x)
     generator = keras.Model(z, x, name="generator")
 
     inp = keras.Input(data_shape)
@@ -156,6 +159,6 @@ def build(*, data_shape, latent_dim, g_channels=(256, 256, 256),
     # Global SUM pooling (SNGAN): the mean times the number of positions.
     y = keras.layers.GlobalAveragePooling2D()(y)
     y = keras.layers.Rescaling(float((h >> d_downsample) * (w >> d_downsample)))(y)
-    y = _sn(keras.layers.Dense(1), d_spectral_norm, power_iterations)(y)
+    y = _sn(keras.layers.Dense(1, dtype=OUTPUT), d_spectral_norm, power_iterations)(y)
     discriminator = keras.Model(inp, y, name="discriminator")
     return generator, discriminator
