@@ -74,6 +74,8 @@ def cases():
         "no_bn": ({"model.g_norm": "none"}, "digits"),
         "accumulate": ({"model.g_norm": "none", "train.accumulation_steps": 2}, "digits"),
         "accumulate_bn": ({**dcgan, "train.accumulation_steps": 2}, "digits"),
+        # Gradients all-reduced in packs of ~2 KB, last layers first (multi-worker).
+        "packed": ({**dcgan, "train.grad_pack_bytes": 2048}, "digits"),
         # bfloat16 arithmetic, float32 variables, statistics and outputs (precision.py).
         "bf16": ({**dcgan, "train.precision": "mixed_bfloat16"}, "digits"),
         # The D-side stabilizers: LeCam, instance noise, label smoothing, lazy R1.

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 ADAM_TOL = 3e-3
 SGD_CASES = ["sgd", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean", "biggan",
-             "stabilizers", "no_bn", "accumulate", "accumulate_bn"]
+             "stabilizers", "no_bn", "accumulate", "accumulate_bn", "packed"]
 # mixed_bfloat16: bfloat16 keeps 8 significant bits (unit roundoff u = 2**-8 = 3.9e-3).
 # A weight gradient is a sum over the batch computed in bfloat16 and rounded once: on 2
 # replicas each replica's partial sum is rounded, then the float32 all-reduce adds them,
@@ -184,6 +184,8 @@ def test_one_collective_per_purpose(runs):
     assert counts["no_bn"] == counts["accumulate"] == 2
     assert counts["accumulate_bn"] == 2 * (15 - 2) + 2
     assert counts["bf16"] == 15  # Precision changes no communication.
+    # Packs of 2 KB: the same sums (SGD_CASES) in more, smaller collectives.
+    assert counts["packed"] > counts["sgd"]
 
 
 def test_the_biggan_case_exercises_what_it_claims(runs):

@@ -70,6 +70,7 @@ def base():
     c.train.precision = "float32"
     c.train.jit_compile = "auto"
     c.train.accumulation_steps = 1
+    c.train.grad_pack_bytes = 0       # Gradient all-reduce in packs (0: one; multi-worker).
     # Steps between checkpoints / sample grids; 0 turns the periodic ones off (one is
     # still written when training ends, and a checkpoint on preemption).
     c.train.checkpoint_every = 500

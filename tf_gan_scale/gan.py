@@ -163,7 +163,8 @@ class GAN(keras.Model):
                 penalty_weight=0.0, steps_per_execution=1, fid_extractor=None,
                 penalty_every=1, augment="", label_smoothing=0.0, instance_noise=0.0,
                 instance_noise_steps=0, lecam_weight=0.0, lecam_decay=0.99,
-                ortho_weight=0.0, accumulation_steps=1, jit_compile=False):
+                ortho_weight=0.0, accumulation_steps=1, jit_compile=False,
+                grad_pack_bytes=0):
         """Configures training.
 
         Args:
@@ -198,6 +199,10 @@ class GAN(keras.Model):
                 replica's batch as K micro-batches and all-reduces their summed
                 gradients once (`_d_update`); the per-replica batch must be divisible
                 by K. Batch-norm statistics are per micro-batch.
+            grad_pack_bytes: 0 (one gradient all-reduce per network and update), or
+                the size of the packs the gradients are all-reduced in, last layers
+                first, so communication can overlap the rest of the backward pass
+                (`replica.apply_global_gradients`; multi-worker collectives).
             jit_compile: bool, compile the per-replica step (`train_step`) with XLA.
                 TensorFlow supports it on one device (CPU, GPU); under a multi-device
                 MirroredStrategy it fails (KERAS3_DISTRIBUTE_NOTES), so that is refused
@@ -208,6 +213,7 @@ class GAN(keras.Model):
             raise ValueError(f"d_steps must be >= 1; Received: d_steps={d_steps}")
         for name, value, low in (("penalty_every", penalty_every, 1),
                                  ("accumulation_steps", accumulation_steps, 1),
+                                 ("grad_pack_bytes", grad_pack_bytes, 0),
                                  ("instance_noise_steps", instance_noise_steps, 0)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
                     or value < low:
@@ -261,6 +267,7 @@ class GAN(keras.Model):
         self.lecam_weight, self.lecam_decay = float(lecam_weight), float(lecam_decay)
         self.ortho_weight = float(ortho_weight)
         self.accumulation_steps = int(accumulation_steps)
+        self.grad_pack_bytes = int(grad_pack_bytes)
         # What `get_compile_config` saves: names stay names; a custom loss callable must be
         # registered with keras.saving.register_keras_serializable to be reloaded.
         self._gan_compile_config = {
@@ -274,7 +281,7 @@ class GAN(keras.Model):
             "instance_noise_steps": self.instance_noise_steps,
             "lecam_weight": self.lecam_weight, "lecam_decay": self.lecam_decay,
             "ortho_weight": self.ortho_weight, "accumulation_steps": self.accumulation_steps,
-            "jit_compile": self.xla}
+            "jit_compile": self.xla, "grad_pack_bytes": self.grad_pack_bytes}
         self._fid = None
         if fid_extractor:
             from tf_gan_scale import evaluation
@@ -453,7 +460,8 @@ class GAN(keras.Model):
             shares.append(share)
             means = m if not means else [x + y for x, y in zip(means, m)]
         (d_loss, count, *means), finite, norm = apply_global_gradients(
-            self.d_optimizer, grads, variables, [tf.add_n(shares), b] + means)
+            self.d_optimizer, grads, variables, [tf.add_n(shares), b] + means,
+            self.grad_pack_bytes)
         if self.lecam_weight:
             self.lecam_anchors.assign(regularizers.update_anchor(
                 self.lecam_anchors, tf.stack(means), self.lecam_decay))
@@ -539,7 +547,7 @@ class GAN(keras.Model):
             shares.append(share)
         (g_loss, uneven), finite, norm = apply_global_gradients(
             self.g_optimizer, grads, self.generator.trainable_variables,
-            [tf.add_n(shares), uneven])
+            [tf.add_n(shares), uneven], self.grad_pack_bytes)
         self.g_grad_norm_tracker.update_state(norm)
         if self.ema is not None:
             # Reads G's weights and the step after the update (automatic control

@@ -109,7 +109,7 @@ def global_rows_uneven(per_replica_batch):
 
 
 @tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.
-def apply_global_gradients(optimizer, grads, variables, riders=()):
+def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0):
     """The gradient all-reduce of a step, for one network: ONE fused SUM of all its
     gradients (and of a few scalars riding along) across replicas and workers, then
     `optimizer.apply` on the global sums.
@@ -129,6 +129,13 @@ def apply_global_gradients(optimizer, grads, variables, riders=()):
         variables: the matching trainable variables.
         riders: scalars to sum across replicas in the same collective (cast to float32:
             one dtype keeps it one collective), e.g. the loss share and the row count.
+        pack_bytes: 0 for one all-reduce of everything; else the gradients are all-reduced
+            in packs of about this many bytes (`CommunicationOptions.bytes_per_pack`,
+            honoured by MultiWorkerMirroredStrategy's collectives), last layers first:
+            backpropagation produces their gradients first, and collectives are issued
+            in list order, so the first packs can travel while earlier layers' gradients
+            are still being computed. Still one logical reduction before the optimizer,
+            its clipping and the finite check.
     Returns:
         (summed riders: list of float32 scalars, finite, norm): `finite` is a bool
         scalar, True when the global gradients and riders are all finite; `norm` is the
@@ -144,9 +151,15 @@ def apply_global_gradients(optimizer, grads, variables, riders=()):
     live = [i for i, g in enumerate(grads) if g is not None]
     extra = [tf.cast(r, tf.float32) for r in riders]
     if ctx is not None and ctx.num_replicas_in_sync > 1 and (live or extra):
-        # A list all-reduces as one batch: packed into one collective by MWMS.
+        # A list all-reduces as one batch: packed into one collective by MWMS (or into
+        # packs of pack_bytes, in reverse layer order: see Args).
+        options = None
+        if pack_bytes:
+            live = live[::-1]
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=int(pack_bytes))
         reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                                 [grads[i] for i in live] + extra)
+                                 [grads[i] for i in live] + extra, options=options)
         grads = list(grads)
         for i, g in zip(live, reduced):
             grads[i] = g

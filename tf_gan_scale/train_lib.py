@@ -128,7 +128,7 @@ def build_gan(config, data_shape, data_classes=0):
 # config.train keys passed to GAN.compile as they are (see its docstring).
 TECHNIQUES = ("penalty_every", "augment", "label_smoothing", "instance_noise",
               "instance_noise_steps", "lecam_weight", "lecam_decay", "ortho_weight",
-              "accumulation_steps")
+              "accumulation_steps", "grad_pack_bytes")
 
 JIT_CHOICES = ("auto", "true", "false")
 
