@@ -140,11 +140,63 @@ def test_xla_with_several_replicas_is_refused(mirrored2):
         _tiny_gan(mirrored2, jit_compile=True)
 
 
-def test_accumulation_needs_a_divisor_of_the_replica_batch(one_device):
-    model = _tiny_gan(one_device, accumulation_steps=3)
+@pytest.mark.parametrize("jit", [False, True])
+def test_accumulation_needs_a_divisor_of_the_replica_batch(one_device, jit):
+    # Checked outside the per-replica step: XLA (jit) drops assertions inside it.
+    model = _tiny_gan(one_device, accumulation_steps=3, jit_compile=jit)
     with pytest.raises(errors.ConfigError, match="accumulation_steps=3 does not divide the "
                                                  "per-replica batch of 16 rows"):
         model.fit(_digits(one_device), epochs=1, steps_per_epoch=1, verbose=0)
+
+
+def _trained_weights(strategy, steps=2, **compile_args):
+    """All weights of a tiny BN-free DCGAN after `steps` SGD steps on the digits."""
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=4,
+                                   d_dropout=0.0, g_norm="none", d_norm="none",
+                                   g_channels=(8, 4, 4), d_channels=(4, 4))
+        model = gan.GAN(g, d, 4, seed=0)
+        model.compile(g_optimizer=keras.optimizers.SGD(0.1),
+                      d_optimizer=keras.optimizers.SGD(0.1), **compile_args)
+    model.fit(_digits(strategy), epochs=1, steps_per_epoch=steps, verbose=0)
+    return [w.numpy() for w in model.generator.weights + model.discriminator.weights]
+
+
+def test_accumulation_adds_the_orthogonal_regularizer_once_per_update(one_device):
+    # A regularizer of the weights (not per example) must count once per update, not
+    # once per micro-batch: with it, K = 2 still equals one big batch.
+    want = _trained_weights(one_device, ortho_weight=0.1)
+    got = _trained_weights(one_device, ortho_weight=0.1, accumulation_steps=2)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    off = _trained_weights(one_device, ortho_weight=0.0, accumulation_steps=2)
+    assert max(np.abs(a - b).max() for a, b in zip(off, want)) > 1e-3  # It matters.
+
+
+def test_conditional_biggan_accumulates_its_sparse_embedding_gradients(one_device, mirrored2):
+    # G's shared class embedding has sparse (IndexedSlices) gradients; summed over
+    # micro-batches they must give the same training on one device and on 2 replicas.
+    def train(strategy):
+        keras.utils.set_random_seed(0)
+        source = data.load("embedded:digits")
+        x = np.repeat(np.repeat(source.arrays["x"], 2, axis=1), 2, axis=2)  # 16x16
+        source = data.from_arrays("digits16", x, source.arrays["label"])
+        with strategy.scope():
+            g, d = architectures.build("biggan", data_shape=(16, 16, 1), latent_dim=8,
+                                       num_classes=10, ch=4, g_channels=(2, 2),
+                                       d_channels=(1, 2), attention=0, shared_dim=4)
+            model = gan.GAN(g, d, 8, seed=0, num_classes=10)
+            model.compile(g_optimizer=keras.optimizers.SGD(0.01),
+                          d_optimizer=keras.optimizers.SGD(0.01), loss="hinge",
+                          accumulation_steps=2)
+        ds = data.make_dataset(source, global_batch_size=8, seed=0)
+        model.fit(strategy.experimental_distribute_dataset(ds), epochs=1, steps_per_epoch=2,
+                  verbose=0)
+        return [w.numpy() for w in model.generator.weights]
+
+    for a, b in zip(train(mirrored2), train(one_device)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 @pytest.mark.parametrize("key, value, message", [

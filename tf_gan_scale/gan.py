@@ -37,7 +37,6 @@ from tf_gan_scale.replica import apply_global_gradients
 
 NONFINITE = "nonfinite"  # train_step output: which check failed (0: none).
 NONFINITE_D, NONFINITE_G, UNEVEN = 1, 2, 3
-ACCUMULATION_TAG = "accumulation_steps does not divide the per-replica batch of rows:"
 
 
 def _unpack(batch, need_labels=False):
@@ -404,7 +403,8 @@ class GAN(keras.Model):
     def _micro_batches(self, n):
         """Slices of this replica's rows for gradient accumulation: micro-batch j of K
         (K = accumulation_steps) holds the rows j, j + K, j + 2K, ... (n % K == 0 is
-        checked by `train_lib.validate` and `_check_accumulation`).
+        checked by `train_lib.validate` and, before each step, by
+        `gan_checks.assert_accumulation_split`).
 
         Strided, not contiguous, so that micro-batch j is the same set of GLOBAL rows on
         every topology: a replica's rows start at a multiple of its row count, a multiple
@@ -416,19 +416,6 @@ class GAN(keras.Model):
             return [slice(None)]
         del n
         return [slice(j, None, k) for j in range(k)]
-
-    def _check_accumulation(self, real):
-        """`real` [B, ...], once B is known to split into accumulation_steps micro-batches
-        (else micro-batches would silently drop rows): a runtime assert (a trace-time
-        error would reach the user wrapped in autograph's), reported by the step loop as
-        one ConfigError line."""
-        k = self.accumulation_steps
-        if k == 1:
-            return real
-        b = tf.shape(real)[0]
-        ok = tf.debugging.Assert(tf.equal(b % k, 0), [ACCUMULATION_TAG, b])
-        with tf.control_dependencies([ok]):
-            return tf.identity(real)
 
     def _d_update(self, real, real_labels, step, k):
         """One D update on this replica's real batch [B, ...] with labels [B].
@@ -445,8 +432,8 @@ class GAN(keras.Model):
         Returns (global mean D loss, finite, global row count): the loss of the whole
         global batch (its share rides on the gradient all-reduce, as does this replica's
         row count, so checking the split costs no collective) and whether it and the
-        global gradients are finite (with a LossScaleOptimizer a non-finite update is
-        skipped, not an error: see `_skipped`).
+        global gradients are finite (with a LossScaleOptimizer non-finite gradients
+        skip the update instead: see `replica.apply_global_gradients`).
         """
         b = tf.shape(real)[0]
         gb = replica.global_batch_size(b)
@@ -459,14 +446,15 @@ class GAN(keras.Model):
             grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
             shares.append(share)
             means = m if not means else [x + y for x, y in zip(means, m)]
-        (d_loss, count, *means), finite, norm = apply_global_gradients(
+        (d_loss, count, *means), finite, norm, skipped = apply_global_gradients(
             self.d_optimizer, grads, variables, [tf.add_n(shares), b] + means,
             self.grad_pack_bytes)
         if self.lecam_weight:
             self.lecam_anchors.assign(regularizers.update_anchor(
                 self.lecam_anchors, tf.stack(means), self.lecam_decay))
         self.d_grad_norm_tracker.update_state(norm)
-        return d_loss, self._skipped(self.d_optimizer, finite, self.d_skipped_tracker), count
+        self._count_skips(self.d_optimizer, skipped, self.d_skipped_tracker)
+        return d_loss, finite, count
 
     def _d_grads(self, real, real_labels, rows, gb, step, k):
         """D's local gradients on real rows [m, ...] (global rows `rows` [m]) and as many
@@ -502,14 +490,11 @@ class GAN(keras.Model):
                  for v in (real_logits, fake_logits)] if self.lecam_weight else []
         return grads, share, means
 
-    def _skipped(self, optimizer, finite, tracker):
-        """`finite` for the step's error check: always True under dynamic loss scaling,
-        where a non-finite update is skipped on every replica (apply_global_gradients)
-        and counted in `tracker`."""
-        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return finite
-        tracker.update_state(1.0 - tf.cast(finite, tf.float32))
-        return tf.constant(True)
+    @staticmethod
+    def _count_skips(optimizer, skipped, tracker):
+        """Logs the update dynamic loss scaling skipped (mixed_float16), if it can."""
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            tracker.update_state(tf.cast(skipped, tf.float32))
 
     def _penalty(self, real, fake, labels, rows, step, k):
         """penalty_weight x the per-example penalty [B] (penalties.py) on what D saw; with
@@ -545,7 +530,7 @@ class GAN(keras.Model):
             g, share = self._g_grads(rows[part], gb, step, regularize=j == 0)
             grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
             shares.append(share)
-        (g_loss, uneven), finite, norm = apply_global_gradients(
+        (g_loss, uneven), finite, norm, skipped = apply_global_gradients(
             self.g_optimizer, grads, self.generator.trainable_variables,
             [tf.add_n(shares), uneven], self.grad_pack_bytes)
         self.g_grad_norm_tracker.update_state(norm)
@@ -553,7 +538,8 @@ class GAN(keras.Model):
             # Reads G's weights and the step after the update (automatic control
             # dependencies order reads after writes of the same variable).
             self.ema.update(self.generator, self.step)
-        return g_loss, self._skipped(self.g_optimizer, finite, self.g_skipped_tracker), uneven
+        self._count_skips(self.g_optimizer, skipped, self.g_skipped_tracker)
+        return g_loss, finite, uneven
 
     def _g_grads(self, rows, gb, step, regularize=True):
         """G's local gradients for the fakes of global rows `rows` [m]: (grads, this
@@ -599,7 +585,6 @@ class GAN(keras.Model):
         uneven = tf.constant(0.0)
         for k, batch in enumerate(batches):
             real, labels = _unpack(batch, need_labels=bool(self.num_classes))
-            real = self._check_accumulation(real)
             d_loss, finite, count = self._d_update(real, labels, step, k)
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
             # This replica's rows differ from an even share of the global count. The
@@ -652,7 +637,10 @@ class GAN(keras.Model):
             before = tf.identity(self.step)
             batches = tuple(next(iterator) for _ in range(d_steps))
             # The step's ops wait for the split check: nothing is updated when it fails.
-            with tf.control_dependencies(checks.assert_even_split(strategy, batches)):
+            with tf.control_dependencies(
+                    checks.assert_even_split(strategy, batches)
+                    + checks.assert_accumulation_split(strategy, batches,
+                                                       self.accumulation_steps)):
                 out = strategy.run(step_fn, args=(batches if d_steps > 1 else batches[0],))
             new = strategy.experimental_local_results(out[NONFINITE])[0]
             fresh = tf.logical_and(code == 0, new > 0)
@@ -674,9 +662,10 @@ class GAN(keras.Model):
             try:
                 logs, (code, at) = compiled(iterator)
             except tf.errors.InvalidArgumentError as e:
-                if ACCUMULATION_TAG in e.message:
+                if checks.ACCUMULATION_TAG in e.message:
                     # "assertion failed: [TAG] [16]": the rows follow the tag.
-                    rows = e.message.split(ACCUMULATION_TAG)[1].split("[")[1].split("]")[0]
+                    rows = e.message.split(checks.ACCUMULATION_TAG)[1].split("[")[1]
+                    rows = rows.split("]")[0]
                     raise errors.ConfigError(
                         f"accumulation_steps={self.accumulation_steps} does not divide the "
                         f"per-replica batch of {rows} rows; valid: a divisor of {rows}"
@@ -833,10 +822,17 @@ class GAN(keras.Model):
 
 
 def _add_grads(a, b):
-    """Sum of two gradients of one variable (None: not connected)."""
+    """Sum of two gradients of one variable (None: not connected). Sparse gradients (an
+    embedding's IndexedSlices) are summed by concatenating their rows, as TensorFlow
+    aggregates them; `+` is not defined for them."""
     if a is None:
         return b
-    return a if b is None else a + b
+    if b is None:
+        return a
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                                tf.concat([a.indices, b.indices], 0), a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def _ortho_weights(generator):

@@ -32,6 +32,25 @@ def assert_even_split(strategy, batches):
     return checks
 
 
+ACCUMULATION_TAG = "tf_gan_scale: accumulation_steps does not divide the per-replica rows"
+
+
+def assert_accumulation_split(strategy, batches, k):
+    """Before a training step: every local replica's rows divide into k micro-batches
+    (`GAN._micro_batches`). Outside the per-replica step, so it also holds when XLA
+    compiles that step (XLA drops assertions). Returns the assertion ops."""
+    if k == 1:
+        return []
+    checks = []
+    for batch in batches:
+        first = tf.nest.flatten(batch)[0]
+        for value in strategy.experimental_local_results(first):
+            rows = tf.shape(value)[0]
+            checks.append(tf.debugging.Assert(tf.equal(rows % k, 0),
+                                              [ACCUMULATION_TAG, rows]))
+    return checks
+
+
 def uneven_message(strategy, when):
     """The one-line error for a batch that did not split evenly over the replicas."""
     n = strategy.num_replicas_in_sync

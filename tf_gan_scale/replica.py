@@ -137,14 +137,17 @@ def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0)
             are still being computed. Still one logical reduction before the optimizer,
             its clipping and the finite check.
     Returns:
-        (summed riders: list of float32 scalars, finite, norm): `finite` is a bool
-        scalar, True when the global gradients and riders are all finite; `norm` is the
-        global L2 norm of the (summed, unscaled) gradients, for logging. Identical on
-        every replica. With a LossScaleOptimizer a non-finite step is not an error but a
-        skipped update (the optimizer halves its scale and leaves the weights alone, on
-        every replica since it sees the global gradients); its `iterations` still advance
-        by one, as Keras 2's did, so the step counter (G's iterations), the data position
-        and the latents of later steps do not depend on how many updates overflowed.
+        (summed riders: list of float32 scalars, finite, norm, skipped), identical on
+        every replica: `norm` is the global L2 norm of the (summed, unscaled) gradients,
+        for logging. Without loss scaling, `finite` is True when the global gradients
+        and riders are all finite and `skipped` is False. With a LossScaleOptimizer,
+        non-finite global gradients are an overflow, not an error: the optimizer skips
+        the update (on every replica, as it sees the global gradients) and halves its
+        scale, `skipped` is True and `finite` True; `finite` is False only for finite
+        gradients with non-finite riders (a loss the scaler cannot explain). A skipped
+        update still advances the optimizer's `iterations` by one, as Keras 2's did, so
+        the step counter (G's iterations), the data position and the latents of later
+        steps do not depend on how many updates overflowed.
     Call in replica context (inside `strategy.run`) or without a strategy.
     """
     ctx = tf.distribute.get_replica_context()
@@ -166,23 +169,31 @@ def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0)
         extra = reduced[len(live):]
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     # Global values, so every replica (and worker) reaches the same verdict.
-    checks = ([tf.reduce_all(tf.math.is_finite(grads[i])) for i in live]
-              + [tf.math.is_finite(e) for e in extra])
-    finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+    def all_finite(values):
+        checks = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+    grads_finite = all_finite([grads[i] for i in live])  # What the scaler checks.
+    riders_finite = all_finite(extra)
+    if scaled:
+        skipped = tf.logical_not(grads_finite)
+        finite = tf.logical_or(riders_finite, skipped)
+    else:
+        skipped = tf.constant(False)
+        finite = tf.logical_and(grads_finite, riders_finite)
     # The scale the gradients carry: read before `apply` may halve or double it.
     scale = tf.identity(tf.cast(optimizer.scale_loss(1.0), tf.float32)) if scaled else None
     with _already_reduced(getattr(optimizer, "inner_optimizer", optimizer)):
         optimizer.apply(grads, variables)
     if scaled:
-        with tf.control_dependencies([finite]):
-            optimizer.iterations.assign_add(
-                tf.cast(tf.logical_not(finite), optimizer.iterations.dtype))
+        optimizer.iterations.assign_add(tf.cast(skipped, optimizer.iterations.dtype))
     # Global gradients, so the norm costs no collective (and is the same everywhere).
     norm = tf.linalg.global_norm([tf.cast(grads[i], tf.float32) for i in live]) if live \
         else tf.constant(0.0)
     if scaled:
         norm = norm / scale
-    return list(extra), finite, norm
+    return list(extra), finite, norm, skipped
 
 
 _PASSTHROUGH_LOCK = threading.Lock()
