@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from conftest import run_cmd
 from group_bn_run import halves, run_bn
-from test_sync_batch_norm import r1_of_bn
+from test_sync_batch_norm import all_reduces_per_pass, r1_of_bn
 from tf_gan_scale import configs, errors, train_lib
 from tf_gan_scale.layers import ConditionalBatchNormalization, SyncBatchNormalization
 from tf_gan_scale.layers.normalization import check_config, set_group_size
@@ -92,31 +92,8 @@ def test_a_group_of_all_replicas_is_full_sync(one_device, mirrored2, group_size)
 
 
 def test_groups_keep_one_all_reduce_per_pass(mirrored2):
-    calls = []
-    original = tf.distribute.ReplicaContext.all_reduce
-
-    def counting(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
-
-    with mirrored2.scope():
-        layer = SyncBatchNormalization(group_size=1)
-        layer.build([None, 4])
-    tf.distribute.ReplicaContext.all_reduce = counting
-    try:
-        @tf.function
-        def step():
-            def fn():
-                x = tf.ones([2, 4])
-                with tf.GradientTape() as tape:
-                    tape.watch(x)
-                    y = layer(x, training=True)
-                return tape.gradient(y, x)
-            return mirrored2.run(fn)
-        step()
-    finally:
-        tf.distribute.ReplicaContext.all_reduce = original
-    assert len(calls) // mirrored2.num_replicas_in_sync == 2  # Forward + backward.
+    # Forward + backward.
+    assert all_reduces_per_pass(mirrored2, lambda: SyncBatchNormalization(group_size=1)) == 2
 
 
 def test_second_order_gradients_match_one_device_ghost(one_device, mirrored2):

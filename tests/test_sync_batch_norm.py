@@ -44,34 +44,39 @@ def test_matches_keras_synchronized_and_one_device(one_device, mirrored2):
         np.testing.assert_allclose(a, c, atol=1e-5)
 
 
+def all_reduces_per_pass(strategy, layer_fn):
+    """All-reduces per replica issued by one forward + backward pass of layer_fn()'s layer
+    (built in `strategy`'s scope) on [2, 4] inputs."""
+    with strategy.scope():
+        layer = layer_fn()
+        layer.build([None, 4])
+    calls = []
+    original = tf.distribute.ReplicaContext.all_reduce
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    tf.distribute.ReplicaContext.all_reduce = counting
+    try:
+        @tf.function
+        def step():
+            def fn():
+                x = tf.ones([2, 4])
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = layer(x, training=True)
+                return tape.gradient(y, x)
+            return strategy.run(fn)
+        step()
+    finally:
+        tf.distribute.ReplicaContext.all_reduce = original
+    return len(calls) // strategy.num_replicas_in_sync
+
+
 def test_one_all_reduce_per_pass(mirrored2):
-    # Count all-reduces issued by the layer's forward + backward pass under a strategy.
     def count(layer_fn):
-        with mirrored2.scope():
-            layer = layer_fn()
-            layer.build([None, 4])
-        calls = []
-        original = tf.distribute.ReplicaContext.all_reduce
-
-        def counting(self, *args, **kwargs):
-            calls.append(1)
-            return original(self, *args, **kwargs)
-
-        tf.distribute.ReplicaContext.all_reduce = counting
-        try:
-            @tf.function
-            def step():
-                def fn():
-                    x = tf.ones([2, 4])
-                    with tf.GradientTape() as tape:
-                        tape.watch(x)
-                        y = layer(x, training=True)
-                    return tape.gradient(y, x)
-                return mirrored2.run(fn)
-            step()
-        finally:
-            tf.distribute.ReplicaContext.all_reduce = original
-        return len(calls) // mirrored2.num_replicas_in_sync
+        return all_reduces_per_pass(mirrored2, layer_fn)
 
     # One forward + one backward (the gradient of an all-reduce is an all-reduce).
     assert count(SyncBatchNormalization) == 2
