@@ -400,9 +400,9 @@ class GAN(keras.Model):
             x = x + std * noise
         return x
 
-    def _micro_batches(self, n):
+    def _micro_batches(self):
         """Slices of this replica's rows for gradient accumulation: micro-batch j of K
-        (K = accumulation_steps) holds the rows j, j + K, j + 2K, ... (n % K == 0 is
+        (K = accumulation_steps) holds the rows j, j + K, j + 2K, ... (rows % K == 0 is
         checked by `train_lib.validate` and, before each step, by
         `gan_checks.assert_accumulation_split`).
 
@@ -414,7 +414,6 @@ class GAN(keras.Model):
         k = self.accumulation_steps
         if k == 1:
             return [slice(None)]
-        del n
         return [slice(j, None, k) for j in range(k)]
 
     def _d_update(self, real, real_labels, step, k):
@@ -440,7 +439,7 @@ class GAN(keras.Model):
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
         variables = self.discriminator.trainable_variables
         grads, shares, means = None, [], []
-        for part in self._micro_batches(b):
+        for part in self._micro_batches():
             g, share, m = self._d_grads(real[part], real_labels[part], rows[part], gb,
                                         step, k)
             grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
@@ -526,7 +525,7 @@ class GAN(keras.Model):
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
         grads, shares = None, []
-        for j, part in enumerate(self._micro_batches(b)):
+        for j, part in enumerate(self._micro_batches()):
             g, share = self._g_grads(rows[part], gb, step, regularize=j == 0)
             grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
             shares.append(share)
