@@ -18,8 +18,7 @@ What stays float32 under a mixed policy, and why:
 step's gradients are all-reduced BEFORE its finite check (`replica.apply_global_gradients`),
 so an overflow on any replica skips the update on all of them, and halves the scale;
 `GAN` logs the fraction of updates skipped since the last log (`d_skip_rate`,
-`g_skip_rate`). bfloat16 has
-float32's exponent range and needs no scaling.
+`g_skip_rate`). bfloat16 has float32's exponent range and needs no scaling.
 """
 
 import contextlib
@@ -65,11 +64,3 @@ def optimizer(opt, name):
         return keras.optimizers.LossScaleOptimizer(opt)
     return opt
 
-
-def of_model(model):
-    """The precision a model was built with (from its layers' policies)."""
-    names = {getattr(layer.dtype_policy, "name", "float32") for layer in model.layers}
-    for name in ("mixed_float16", "mixed_bfloat16"):
-        if name in names:
-            return name
-    return "float32"

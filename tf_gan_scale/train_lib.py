@@ -117,8 +117,7 @@ def build_gan(config, data_shape, data_classes=0):
     d_opt = make_optimizer(t.d_optimizer, (decay, warmup * t.d_steps, t.num_steps * t.d_steps))
     model.compile(g_optimizer=precision.optimizer(g_opt, mode),
                   d_optimizer=precision.optimizer(d_opt, mode),
-                  jit_compile=jit_compile(t.get("jit_compile", "auto"),
-                                          tf.distribute.get_strategy()),
+                  jit_compile=jit_compile(t.get("jit_compile", "auto")),
                   loss=t.loss, d_steps=t.d_steps, penalty=t.penalty,
                   penalty_weight=t.penalty_weight, steps_per_execution=t.steps_per_execution,
                   **{k: t[k] for k in TECHNIQUES if k in t})
@@ -133,7 +132,7 @@ TECHNIQUES = ("penalty_every", "augment", "label_smoothing", "instance_noise",
 JIT_CHOICES = ("auto", "true", "false")
 
 
-def jit_compile(value, strategy):
+def jit_compile(value):
     """config.train.jit_compile (auto | true | false, or a bool) -> bool for GAN.compile.
 
     "auto" is False: XLA is off where it is not known to be faster. Measured on this
@@ -145,7 +144,6 @@ def jit_compile(value, strategy):
     if name not in JIT_CHOICES:
         raise errors.ConfigError(f"config.train.jit_compile={value!r}; valid: "
                                  f"{', '.join(JIT_CHOICES)}")
-    del strategy  # The choice does not depend on it today; GAN.compile checks the fit.
     return name == "true"
 
 
@@ -294,7 +292,7 @@ def validate(config, num_replicas):
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
     precision.check(t.get("precision", "float32"))
-    if jit_compile(t.get("jit_compile", "auto"), None) and num_replicas > 1 and not \
+    if jit_compile(t.get("jit_compile", "auto")) and num_replicas > 1 and not \
             isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
         raise errors.ConfigError(
             f"config.train.jit_compile={t.jit_compile!r} needs one replica (XLA cannot "
