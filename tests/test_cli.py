@@ -39,6 +39,26 @@ def scalars(workdir, tag):
     return out
 
 
+def test_auto_steps_per_execution_keeps_every_event_on_its_step(tmp_path):
+    # steps_per_execution=0 (the default; TINY pins 1) picks 5 for 10 steps logged,
+    # sampled and checkpointed every 5: events at exactly 5 and 10, and the weights of
+    # one step per call to float32 rounding (the while loop's graph rounds differently).
+    one, auto = tmp_path / "one", tmp_path / "auto"
+    train(one, steps=10)
+    proc = train(auto, "--config.train.steps_per_execution=0", steps=10)
+    assert "5 steps per call" in proc.stderr and "step 10:" in proc.stderr
+    assert sorted(f for f in os.listdir(auto / "checkpoints") if f.endswith(".index")) == [
+        "ckpt-10.index", "ckpt-5.index"]
+    assert sorted(os.listdir(auto / "samples")) == ["step_0000005.png", "step_0000010.png"]
+    assert set(scalars(auto, "d_loss")) == {5, 10}
+    np.testing.assert_allclose(scalars(auto, "d_loss")[10], scalars(one, "d_loss")[10],
+                               rtol=1e-5)
+    a, b = sample(one, tmp_path / "a.npy"), sample(auto, tmp_path / "b.npy")
+    assert a["step"] == b["step"] == 10
+    np.testing.assert_allclose(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"),
+                               atol=1e-5)
+
+
 def test_train_resume_sample(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, steps=10)

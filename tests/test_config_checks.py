@@ -18,7 +18,7 @@ def mlp_config():
     ("train.num_steps", 0, "an integer >= 1"),
     ("train.global_batch_size", -4, "an integer >= 1"),
     ("train.d_steps", 0, "an integer >= 1"),
-    ("train.steps_per_execution", 0, "an integer >= 1"),
+    ("train.steps_per_execution", -1, "an integer >= 0"),
     ("train.log_every", 0, "an integer >= 1"),
     ("train.log_every", -100, "an integer >= 1"),
     ("train.keep_checkpoints", 0, "an integer >= 1"),
@@ -65,3 +65,38 @@ def test_defaults_and_edges_are_valid():
     config.model.d_dropout, config.train.penalty_weight = 0.0, 0.0
     config.train.num_steps = config.train.log_every = 1
     train_lib.validate(config, 1)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, 10),  # base: 1000 steps, logs every 100, grids and checkpoints every 500.
+    ({"train.num_steps": 3000, "train.checkpoint_every": 1000}, 10),
+    ({"train.log_every": 5, "train.sample_every": 5, "train.num_steps": 10}, 5),
+    ({"train.num_steps": 1005}, 5),
+    ({"train.num_steps": 1001}, 1),
+    ({"train.sample_every": 0, "train.checkpoint_every": 0, "train.num_steps": 30,
+      "train.log_every": 30}, 10),
+    ({"eval.every": 250, "train.num_steps": 3000}, 10),
+    ({"eval.every": 25, "train.num_steps": 3000}, 5),
+    ({"train.steps_per_execution": 3}, 3),  # Explicit: as given (validate checks it).
+])
+def test_auto_steps_per_execution_divides_every_interval(overrides, expected):
+    config = configs.base()
+    for key, value in overrides.items():
+        section, leaf = key.split(".")
+        config[section][leaf] = value
+    assert train_lib.steps_per_execution(config) == expected
+    k = train_lib.steps_per_execution(config)
+    if not config.train.steps_per_execution:
+        t = config.train
+        for every in (t.num_steps, t.log_every, t.sample_every, t.checkpoint_every,
+                      config.eval.every):
+            assert every % k == 0
+
+
+def test_auto_steps_per_execution_divides_the_resume_step():
+    config = configs.base()
+    config.train.num_steps, config.train.log_every = 10, 5
+    config.train.sample_every = config.train.checkpoint_every = 5
+    assert train_lib.steps_per_execution(config) == 5
+    assert train_lib.steps_per_execution(config, start=6) == 1  # 6 -> 10 in steps of 1.
+    assert train_lib.steps_per_execution(config, start=5) == 5

@@ -64,7 +64,11 @@ def base():
     c.train.lecam_weight = 0.0        # LeCam regularization (Tseng et al. 2021).
     c.train.lecam_decay = 0.99
     c.train.ortho_weight = 0.0        # BigGAN's orthogonal regularization of G.
-    c.train.steps_per_execution = 1
+    # Steps per call of the step function (fewer host round trips); 0 = auto: the largest
+    # k <= 10 that divides num_steps, log_every and every nonzero event interval
+    # (train_lib.steps_per_execution), so logs, grids, checkpoints and scores still fall on
+    # their exact steps.
+    c.train.steps_per_execution = 0
     # Throughput (precision.py, GAN.compile): float32 | mixed_bfloat16 | mixed_float16;
     # XLA for the per-replica step: auto | true | false; micro-batches per update.
     c.train.precision = "float32"

@@ -119,7 +119,7 @@ def build_gan(config, data_shape, data_classes=0):
                   d_optimizer=precision.optimizer(d_opt, mode),
                   jit_compile=jit_compile(t.get("jit_compile", "auto")),
                   loss=t.loss, d_steps=t.d_steps, penalty=t.penalty,
-                  penalty_weight=t.penalty_weight, steps_per_execution=t.steps_per_execution,
+                  penalty_weight=t.penalty_weight, steps_per_execution=steps_per_execution(config),
                   **{k: t[k] for k in TECHNIQUES if k in t})
     return model
 
@@ -147,12 +147,37 @@ def jit_compile(value):
     return name == "true"
 
 
+AUTO_STEPS_PER_EXECUTION = 10  # The most steps per call that "auto" picks.
+
+
+def steps_per_execution(config, start=0):
+    """Steps per call of the step function: config.train.steps_per_execution, or for 0
+    (auto) the largest k <= AUTO_STEPS_PER_EXECUTION dividing num_steps, log_every,
+    sample_every, checkpoint_every, eval.every (the nonzero ones) and the step `start` a
+    run resumes from (one trained to 6 steps, resumed to 10: 1, not 5, which would run
+    to step 11).
+
+    Why: a call returns to Python once per k steps (the default digits step is ~11 ms, and
+    each host round trip with its Keras batch hooks costs a part of that), while a callback
+    sees only every k-th step: with k dividing every interval, each event still fires at
+    its exact step. The weights do not depend on k (tests/test_gan.py).
+    """
+    t = config.train
+    if int(t.steps_per_execution):
+        return int(t.steps_per_execution)
+    every = [t.num_steps, t.log_every, t.get("sample_every", 0), t.get("checkpoint_every", 0),
+             (config.get("eval") or {}).get("every", 0), start]
+    every = [int(e) for e in every if e]
+    return max(k for k in range(1, AUTO_STEPS_PER_EXECUTION + 1)
+               if all(e % k == 0 for e in every))
+
+
 # Numeric keys and their valid ranges; checked before any data is read or file written.
 _AT_LEAST_1 = ("train.num_steps", "train.global_batch_size", "train.d_steps",
-               "train.steps_per_execution", "train.log_every", "train.keep_checkpoints",
-               "model.latent_dim")
+               "train.log_every", "train.keep_checkpoints", "model.latent_dim")
 # 0 turns the periodic checkpoints / sample grids off; both are still written at the end.
-_AT_LEAST_0 = ("train.checkpoint_every", "train.sample_every")
+# steps_per_execution 0 = auto (steps_per_execution below).
+_AT_LEAST_0 = ("train.checkpoint_every", "train.sample_every", "train.steps_per_execution")
 _WIDTHS = ("model.g_channels", "model.d_channels", "model.hidden")
 
 
@@ -279,14 +304,14 @@ def validate(config, num_replicas):
         ema_lib.check(t.ema.decay, t.ema.start, t.ema.warmup, t.num_steps,
                       prefix="config.train.ema.")
     schedules.check(t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0), t.num_steps)
+    _check_eval(config.get("eval"))
     for key in ("num_steps", "log_every"):
-        if int(t[key]) % int(t.steps_per_execution):
+        if int(t[key]) % steps_per_execution(config):
             # One call of the step function runs steps_per_execution steps: a run (and a
             # Keras "epoch" of log_every steps) must be a whole number of calls.
             raise errors.ConfigError(
                 f"config.train.{key}={t[key]} is not a multiple of config.train."
                 f"steps_per_execution={t.steps_per_execution}")
-    _check_eval(config.get("eval"))
     if t.global_batch_size % num_replicas:
         raise errors.ConfigError(
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
@@ -372,6 +397,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     # Every worker restores from the shared workdir (all must start from the same state).
     restored = restore(os.path.join(workdir, "checkpoints"), checkpoint)
     start = int(model.step.numpy())
+    model.steps_per_execution = steps_per_execution(config, start)  # Before any step.
     # Data position: each generator step consumed d_steps global batches.
     dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
                                 seed=config.seed, start_batch=start * t.d_steps)
@@ -380,10 +406,10 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     if config.get("eval") is not None and config.eval.every > 0:
         score = make_scorer(config, model, source, strategy, chief=chief)
     # --- nothing above wrote to the workdir -------------------------------------------
-    logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples)",
-                 f"resumed {restored}" if restored else "starting", start, t.num_steps,
-                 strategy.num_replicas_in_sync, t.global_batch_size, source.name,
-                 source.num_examples)
+    logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples), "
+                 "%d steps per call", f"resumed {restored}" if restored else "starting",
+                 start, t.num_steps, strategy.num_replicas_in_sync, t.global_batch_size,
+                 source.name, source.num_examples, model.steps_per_execution)
     if start >= t.num_steps:
         logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
         return model
