@@ -1,0 +1,176 @@
+"""parallel.mesh / parallel.layouts: mesh specs, the layout policy, sharded Keras weights.
+
+In-process on the suite's 2 logical CPUs (a 1x2 and a 2x1 mesh); 4-device meshes run in
+subprocesses (the pytest process has 2 devices).
+"""
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_gan_scale import architectures, errors
+from tf_gan_scale.parallel import layouts, mesh as mesh_lib
+
+MODEL2 = {"batch": 1, "model": 2}
+
+
+@pytest.fixture(scope="module")
+def model_mesh():
+    return mesh_lib.make(MODEL2, "CPU")
+
+
+def dcgan():
+    return architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=6,
+                               g_channels=(8, 6, 4), d_channels=(4, 6))
+
+
+def biggan_conditional():
+    return architectures.build("biggan", data_shape=(32, 32, 3), latent_dim=8, ch=4,
+                               attention=0, num_classes=3)
+
+
+@pytest.mark.parametrize("spec, dims", [
+    ("batch:2,model:2", {"batch": 2, "model": 2}),
+    ("model:4", {"batch": 1, "model": 4}),
+    (" batch:8 ", {"batch": 8, "model": 1}),
+    ("model:2,batch:3", {"batch": 3, "model": 2}),
+])
+def test_parse(spec, dims):
+    assert mesh_lib.parse(spec) == dims
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("batch:2,modle:2", "unknown axis 'modle'"),
+    ("batch:2,batch:2", "repeated axis"),
+    ("batch:two", "size 'two' of axis 'batch' is not an integer"),
+    ("model:0", "axis 'model' has size 0"),
+    ("batch", "no size in 'batch'"),
+])
+def test_parse_errors_name_the_part_and_the_form(spec, message):
+    with pytest.raises(errors.ConfigError, match=message) as info:
+        mesh_lib.parse(spec)
+    assert "valid: batch:B,model:M" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_mesh_must_use_every_device():
+    with pytest.raises(errors.ConfigError,
+                       match=r"batch:2,model:2 needs 4 devices, the run has 2 CPU; meshes "
+                             r"that fit: batch:2,model:1, batch:1,model:2$"):
+        mesh_lib.make({"batch": 2, "model": 2}, "CPU")
+    assert mesh_lib.fitting(6) == ["batch:6,model:1", "batch:3,model:2", "batch:2,model:3",
+                                   "batch:1,model:6"]
+
+
+def one(plan, pattern):
+    """The one planned path matching `pattern` (Keras numbers layer names per process)."""
+    hits = [p for p in plan if re.fullmatch(pattern, p)]
+    assert len(hits) == 1, (pattern, hits)
+    return hits[0]
+
+
+G_DENSE, D_DENSE = r"generator/dense(_\d+)?/kernel", r"discriminator/dense(_\d+)?/kernel"
+CONVT0, CONVT2 = (r"generator/conv2d_transpose(_\d+)?/kernel", None)
+
+
+def test_default_policy_splits_dense_and_embedding_weights_only():
+    g, d = dcgan()
+    plan = layouts.plan((g, d), {"batch": 2, "model": 2})
+    # G's first Dense [6, 2*2*8]: column-parallel; D's head Dense [2*2*6, 1]: out 1 is not
+    # divisible, so row-parallel; convolutions, biases, BN and counters replicated.
+    assert plan[one(plan, G_DENSE)] == (None, "model")
+    assert plan[one(plan, D_DENSE)] == ("model", None)
+    sharded = {p for p, s in plan.items() if any(s)}
+    assert sharded == {one(plan, G_DENSE), one(plan, D_DENSE)}
+    assert all(plan[p] == (None,) * 4 for p in plan if "conv" in p and p.endswith("kernel"))
+    # Without a model axis nothing is split.
+    assert not any(any(s) for s in layouts.plan((g, d), {"batch": 4, "model": 1}).values())
+    # A Dense the axis divides neither way stays replicated: model:5 vs [6, 32] and [24, 1].
+    plan5 = layouts.plan((g, d), {"batch": 1, "model": 5})
+    assert not any(any(s) for s in plan5.values())
+
+
+def test_embeddings_split_on_their_last_axis():
+    g, d = biggan_conditional()
+    plan = layouts.plan((g, d), MODEL2)
+    embeddings = [p for p in plan if "embedding" in p]
+    assert embeddings and all(plan[p] == (None, "model") for p in embeddings)
+    # Spectral-norm wrappers: the inner Dense's kernel follows the Dense rule; plan paths
+    # carry the model's name also where Keras' nested paths do not.
+    sn_dense = [p for p in plan
+                if re.fullmatch(r"generator/spectral_normalization(_\d+)?/dense(_\d+)?/kernel", p)]
+    assert sn_dense and all(plan[p] == (None, "model") for p in sn_dense)
+    assert all(p.startswith(("generator/", "discriminator/")) for p in plan)
+
+
+def test_overrides_win_and_are_checked():
+    g, d = dcgan()
+    dims = {"batch": 2, "model": 2}
+    paths = layouts.plan((g, d), dims)
+    g_dense = one(paths, G_DENSE)
+    convts = sorted((p for p in paths if re.fullmatch(CONVT0, p)),
+                    key=lambda p: [w.path for w in g.weights].index(p))
+    plan = layouts.plan((g, d), dims, overrides=[
+        (g_dense, "model,-"),                 # row- instead of column-parallel
+        (convts[0] + "$", "-,-,model,-")])    # [5, 5, out 6, in 8]
+    assert plan[g_dense] == ("model", None)
+    assert plan[convts[0]] == (None, None, "model", None)
+    bad = [
+        ((r"no_such_layer", "-"), r"override 'no_such_layer' matches no weight; weight paths:"),
+        ((g_dense, "-,modle"), r"unknown axis 'modle'; valid per dimension"),
+        ((g_dense, "model"), r"has 1 dimensions; the weight has shape "
+                             r"\(6, 32\) \(2: e.g. '-,-'\)"),
+        ((g_dense, "model,model"), "same axis"),
+        # G's last conv [5, 5, 1, 4]: out channel 1 cannot be split over model=2.
+        ((convts[2] + "$", "-,-,model,-"),
+         r"dimension 2 of size 1 is not divisible by model=2; layouts that fit: "
+         r"-,-,-,model, replicated"),
+    ]
+    for override, message in bad:
+        with pytest.raises(errors.ConfigError, match=message):
+            layouts.plan((g, d), dims, overrides=[override])
+
+
+def test_each_device_holds_its_share_of_a_sharded_weight(model_mesh):
+    g, d = dcgan()
+    before = {w.path: w.numpy() for w in g.weights + d.weights}
+    plan = layouts.plan((g, d), MODEL2)
+    layouts.shard((g, d), model_mesh, plan)
+    for net in (g, d):
+        for w in net.weights:
+            np.testing.assert_array_equal(layouts.gather(w), before[w.path])
+            pieces = layouts.local_shapes(w)
+            assert len(pieces) == 2
+            spec = plan[layouts.weight_path(net, w)]
+            expected = tuple(n // 2 if axis else n for n, axis in zip(w.shape, spec))
+            assert all(p == expected for p in pieces), (w.path, pieces)
+    assert layouts.local_shapes(g.weights[0]) == [(6, 16), (6, 16)]  # Half of [6, 32] each.
+
+
+def test_sharded_generator_computes_what_the_plain_one_does(model_mesh):
+    from tensorflow.experimental import dtensor
+    plain, _ = dcgan()
+    g, _ = dcgan()
+    g.set_weights(plain.get_weights())
+    layouts.shard((g,), model_mesh, layouts.plan((g,), MODEL2))
+    z = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    z_mesh = dtensor.copy_to_mesh(tf.constant(z), dtensor.Layout.replicated(model_mesh, 2))
+    out = tf.function(lambda x: g(x, training=False))(z_mesh)
+    np.testing.assert_allclose(layouts.gather(out), plain(z, training=False).numpy(),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("direction", ["sharded_to_plain", "plain_to_sharded"])
+def test_checkpoints_move_between_sharded_and_plain_weights(tmp_path, model_mesh, direction):
+    source, _ = dcgan()
+    target, _ = dcgan()  # Other random initial weights: the restore must replace them.
+    expected = [w.numpy() for w in source.weights]
+    sharded = source if direction == "sharded_to_plain" else target
+    layouts.shard((sharded,), model_mesh, layouts.plan((sharded,), MODEL2))
+    path = tf.train.Checkpoint(g=source).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(g=target).read(path).assert_consumed()
+    for w, want in zip(target.weights, expected):
+        np.testing.assert_array_equal(layouts.gather(w), want)
+    if direction == "plain_to_sharded":
+        assert layouts.local_shapes(target.weights[0]) == [(6, 16), (6, 16)]  # Still split.

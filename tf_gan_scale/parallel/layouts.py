@@ -1,0 +1,217 @@
+"""Which weight is split how: the layout policy, and sharding built Keras models by it.
+
+A layout spec gives, per dimension of a weight, the mesh axis it is split over or None
+(written "-" in configs): ("None", "model") for a [in, out] kernel split by output
+columns. Specs are chosen by the type of the layer that owns the weight (RULES: extend the
+registry for a new layer type), then overridden per weight path by regexes, as Keras'
+`LayoutMap` does:
+
+  Dense       kernel [in, out]: column-parallel (None, "model") when M divides out, else
+              row-parallel ("model", None) when M divides in, else replicated
+  Embedding   embeddings [V, D]: (None, "model") when M divides D
+  everything else (biases, normalization, Keras convolutions, spectral-norm vectors,
+  counters): replicated. DTensor shards a Keras Conv2D / Conv2DTranspose only with
+  replicated filters (MODEL_PARALLEL_NOTES), so convolutions split over examples only.
+
+Overrides (config `parallel.layouts`): ((regex, "spec"), ...), "spec" like "-,model";
+the LAST override whose regex `re.search`es a weight's path wins. An override that
+matches no weight, names an unknown axis, has the wrong rank or splits a dimension the
+axis size does not divide is a ConfigError naming it and what would fit.
+"""
+
+import re
+
+import keras
+
+from tf_gan_scale import errors
+from tf_gan_scale.parallel.mesh import AXES, MODEL
+
+
+def _dense(layer, weight, model_size):
+    if weight is not getattr(layer, "kernel", None) or len(weight.shape) != 2:
+        return None
+    n_in, n_out = weight.shape
+    if n_out % model_size == 0:
+        return (None, MODEL)  # Column-parallel: each device computes out / M features.
+    if n_in % model_size == 0:
+        return (MODEL, None)  # Row-parallel: partial sums over in / M, then one all-reduce.
+    return None
+
+
+def _embedding(layer, weight, model_size):
+    if len(weight.shape) != 2 or weight.shape[1] % model_size:
+        return None
+    return (None, MODEL)  # Each device holds D / M of every class's embedding.
+
+
+# Layer type -> fn(layer, weight, model_size) -> spec or None (replicated). isinstance
+# order: the first matching type decides.
+RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding}
+
+
+def parse_spec(text, path=None):
+    """"-,model" -> (None, "model"); ConfigError for an unknown axis name."""
+    spec = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if part in ("-", "", "None"):
+            spec.append(None)
+        elif part in AXES:
+            spec.append(part)
+        else:
+            where = f" (for {path})" if path else ""
+            raise errors.ConfigError(f"layout {text!r}{where}: unknown axis {part!r}; valid "
+                                     f"per dimension: -, {', '.join(AXES)}")
+    return tuple(spec)
+
+
+def format_spec(spec):
+    return ",".join(axis or "-" for axis in spec)
+
+
+def _leaf_layers(model):
+    """Layers that own weights directly (no sub-layers): a wrapper's inner Dense counts as
+    a Dense; the wrapper's own vectors fall back to replicated."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not list(layer._flatten_layers(include_self=False, recursive=False)):
+            yield layer
+
+
+def weight_path(model, weight):
+    """The name a plan and its overrides use: "<model>/<weight path>" (Keras paths of
+    nested layers, e.g. BigGAN's "spectral_normalization/dense/kernel", lack the model)."""
+    path = weight.path
+    return path if path.startswith(model.name + "/") else f"{model.name}/{path}"
+
+
+def plan(models, dims, overrides=()):
+    """The layout of every weight of `models` on a mesh of `dims`.
+
+    Args:
+        models: built Keras models (e.g. (generator, discriminator)).
+        dims: {"batch": B, "model": M} (mesh.parse).
+        overrides: ((regex, spec text), ...) per weight path.
+
+    Returns:
+        {weight_path: spec tuple (one entry per dimension, an axis name or None)}.
+    """
+    m = dims[MODEL]
+    weights = {}
+    for model in models:
+        for w in model.weights:
+            path = weight_path(model, w)
+            if path in weights:
+                raise ValueError(f"two weights named {path}: name the models apart")
+            weights[path] = (w, None)
+        for layer in _leaf_layers(model):
+            rule = next((fn for kind, fn in RULES.items() if isinstance(layer, kind)), None)
+            for w in layer.weights:
+                spec = rule(layer, w, m) if (rule and m > 1) else None
+                weights[weight_path(model, w)] = (w, spec)
+    out = {path: spec or (None,) * len(w.shape) for path, (w, spec) in weights.items()}
+    for pattern, text in overrides:
+        hits = [p for p in out if re.search(pattern, p)]
+        if not hits:
+            raise errors.ConfigError(
+                f"layout override {pattern!r} matches no weight; weight paths: "
+                f"{', '.join(sorted(out)[:12])}{' ...' if len(out) > 12 else ''}")
+        for path in hits:
+            spec = parse_spec(text, path)
+            _check(path, weights[path][0].shape, spec, dims)
+            out[path] = spec
+    return out
+
+
+def _check(path, shape, spec, dims):
+    if len(spec) != len(shape):
+        raise errors.ConfigError(
+            f"layout {format_spec(spec)!r} for {path} has {len(spec)} dimensions; the "
+            f"weight has shape {tuple(shape)} ({len(shape)}: e.g. "
+            f"{format_spec((None,) * len(shape))!r})")
+    used = [a for a in spec if a]
+    if len(used) != len(set(used)):
+        raise errors.ConfigError(f"layout {format_spec(spec)!r} for {path} splits two "
+                                 f"dimensions over the same axis")
+    for i, (size, axis) in enumerate(zip(shape, spec)):
+        if axis and size % dims[axis]:
+            fits = [format_spec(tuple(axis if j == k else None for k in range(len(shape))))
+                    for j, s in enumerate(shape) if s % dims[axis] == 0]
+            raise errors.ConfigError(
+                f"layout {format_spec(spec)!r} for {path}: dimension {i} of size {size} is "
+                f"not divisible by {axis}={dims[axis]}; layouts that fit: "
+                f"{', '.join(fits + ['replicated'])}")
+
+
+def layout(mesh, spec):
+    from tensorflow.experimental import dtensor
+    return dtensor.Layout([axis or dtensor.UNSHARDED for axis in spec], mesh)
+
+
+def _to_mesh(value, mesh, spec):
+    """A tensor -> a DTensor on `mesh` laid out by `spec` (copied replicated, then
+    relayout: each device keeps its slice)."""
+    from tensorflow.experimental import dtensor
+    import tensorflow as tf
+    value = tf.convert_to_tensor(value)
+    replicated = dtensor.Layout.replicated(mesh, rank=value.shape.rank)
+    return dtensor.relayout(dtensor.copy_to_mesh(value, replicated), layout(mesh, spec))
+
+
+# Layers whose output DTensor would lay out along spatial / feature axes after a split
+# weight (a Reshape of a column-parallel Dense's output keeps "model" on H): convolutions
+# then fail ("only supports batch parallel layouts"). Their outputs are constrained back
+# to examples-only splitting, like GSPMD's with_sharding_constraint.
+RESHAPING = (keras.layers.Reshape, keras.layers.Flatten)
+
+
+def _constrain_output(layer, mesh):
+    from tensorflow.experimental import dtensor
+    call = layer.call
+
+    def constrained(*args, **kwargs):
+        out = call(*args, **kwargs)
+        spec = ["batch"] + [dtensor.UNSHARDED] * (out.shape.rank - 1)
+        return dtensor.relayout(out, dtensor.Layout(spec, mesh))
+
+    layer.call = constrained  # This instance only; identity of values on one device.
+
+
+def shard(models, mesh, weight_plan):
+    """Moves every weight of `models` onto `mesh` with its planned layout, in place.
+
+    Each Keras variable keeps its object, path and trainability; its backing tf.Variable
+    becomes a `dtensor.DVariable` (MODEL_PARALLEL_NOTES: Keras 3 ignores `layout=` on
+    TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs are
+    constrained to split over examples only (RESHAPING). Optimizers must be built after
+    this.
+    """
+    from tensorflow.experimental import dtensor
+    for model in models:
+        for layer in _leaf_layers(model):
+            if isinstance(layer, RESHAPING):
+                _constrain_output(layer, mesh)
+        for w in model.weights:
+            value = _to_mesh(w._value.read_value(), mesh, weight_plan[weight_path(model, w)])
+            w._value = dtensor.DVariable(value, trainable=w.trainable, name=w.name)
+
+
+def gather(weight):
+    """A (possibly sharded) Keras variable, DVariable or DTensor -> numpy array of its
+    full value (`KerasVariable.numpy()` fails on a sharded one)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+    x = weight._value if hasattr(weight, "_value") and not isinstance(weight, tf.Tensor) \
+        else weight
+    if isinstance(x, tf.Variable):
+        x = x.read_value()
+    if dtensor.is_dtensor(x):
+        lay = dtensor.fetch_layout(x)
+        if not lay.is_fully_replicated():
+            x = dtensor.relayout(x, dtensor.Layout.replicated(lay.mesh, rank=lay.rank))
+    return x.numpy()
+
+
+def local_shapes(weight):
+    """Shapes of the pieces each device of the mesh holds of `weight` (list, mesh order)."""
+    from tensorflow.experimental import dtensor
+    return [tuple(t.shape) for t in dtensor.unpack(weight._value.read_value())]
