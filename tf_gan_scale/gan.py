@@ -455,6 +455,18 @@ class GAN(keras.Model):
         self._count_skips(self.d_optimizer, skipped, self.d_skipped_tracker)
         return d_loss, finite, count
 
+    # The DTensor mesh the step runs on (set by parallel.step.MeshTrainer), else None.
+    _mesh = None
+
+    def _join(self, parts):
+        """Concatenates per-example tensors along examples ([real; fake]). On a DTensor
+        mesh, where DTensor cannot concatenate along the split batch axis, through
+        `parallel.layouts.join_examples` (same values)."""
+        if self._mesh is None:
+            return tf.concat(parts, 0)
+        from tf_gan_scale.parallel import layouts
+        return layouts.join_examples(parts)
+
     def _d_grads(self, real, real_labels, rows, gb, step, k):
         """D's local gradients on real rows [m, ...] (global rows `rows` [m]) and as many
         fakes: (grads, this replica's share of the global mean D loss, [its shares of
@@ -465,9 +477,9 @@ class GAN(keras.Model):
         fake = call_generator(self.generator, z, fake_labels, training=True)
         # One device sees [real rows 0..GB-1; fake rows 0..GB-1]: per-example noise in D
         # (dropout, augmentation, instance noise) is keyed by that global position.
-        both_rows = tf.concat([rows, gb + rows], 0)
-        labels = tf.concat([real_labels, fake_labels], 0)
-        x = self._d_inputs(tf.concat([real, fake], 0), both_rows, step, k)
+        both_rows = self._join([rows, gb + rows])
+        labels = self._join([real_labels, fake_labels])
+        x = self._d_inputs(self._join([real, fake]), both_rows, step, k)
         with tf.GradientTape() as tape:
             # Real and fake go through D as ONE batch [2B, ...] (as in BigGAN-PyTorch): one
             # forward pass instead of two, and batch-norm statistics in D cover both halves.

@@ -22,6 +22,7 @@ axis size does not divide is a ConfigError naming it and what would fit.
 import re
 
 import keras
+import tensorflow as tf
 
 from tf_gan_scale import errors
 from tf_gan_scale.parallel.mesh import AXES, MODEL
@@ -157,23 +158,45 @@ def _to_mesh(value, mesh, spec):
     return dtensor.relayout(dtensor.copy_to_mesh(value, replicated), layout(mesh, spec))
 
 
-# Layers whose output DTensor would lay out along spatial / feature axes after a split
-# weight (a Reshape of a column-parallel Dense's output keeps "model" on H): convolutions
-# then fail ("only supports batch parallel layouts"). Their outputs are constrained back
-# to examples-only splitting, like GSPMD's with_sharding_constraint.
-RESHAPING = (keras.layers.Reshape, keras.layers.Flatten)
+# Where DTensor's layout propagation goes wrong, activations are constrained back to
+# examples-only splitting ([batch, -, ...]), like GSPMD's with_sharding_constraint
+# (identity values; a no-op where the layout already is that):
+# - outputs of Reshape / Flatten: after a split weight they keep "model" on a spatial or
+#   feature axis (a Reshape of a column-parallel Dense's output), and convolutions then
+#   fail ("only supports batch parallel layouts");
+# - inputs of convolutions: D's input [real; fake] is a concatenation of two batch-split
+#   tensors along the split axis, and a convolution on it fails SPMD expansion ("output
+#   inconsistent with the provided layout") unless it is relaid out first.
+CONSTRAIN_OUTPUT = (keras.layers.Reshape, keras.layers.Flatten)
+CONSTRAIN_INPUT = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+                   keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
+                   keras.layers.Conv3DTranspose)
 
 
-def _constrain_output(layer, mesh):
+def _by_example(x, mesh):
     from tensorflow.experimental import dtensor
+    spec = ["batch"] + [dtensor.UNSHARDED] * (x.shape.rank - 1)
+    return dtensor.relayout(x, dtensor.Layout(spec, mesh))
+
+
+def join_examples(parts):
+    """tf.concat(parts, 0) of equally shaped per-example tensors, written as a stack and
+    a reshape (the same values in the same order). DTensor cannot concatenate along a
+    split axis ("concat dimension in sharded dimension is not supported"), and layout
+    propagation pushes the batch split of what follows back into any concatenation, even
+    of gathered parts; a stack adds a new unsplit axis instead."""
+    return tf.reshape(tf.stack(parts), tf.concat([[-1], tf.shape(parts[0])[1:]], 0))
+
+
+def _constrain(layer, mesh, where):
     call = layer.call
 
-    def constrained(*args, **kwargs):
-        out = call(*args, **kwargs)
-        spec = ["batch"] + [dtensor.UNSHARDED] * (out.shape.rank - 1)
-        return dtensor.relayout(out, dtensor.Layout(spec, mesh))
+    def constrained(inputs, *args, **kwargs):
+        if where == "input":
+            return call(_by_example(inputs, mesh), *args, **kwargs)
+        return _by_example(call(inputs, *args, **kwargs), mesh)
 
-    layer.call = constrained  # This instance only; identity of values on one device.
+    layer.call = constrained  # This instance only.
 
 
 def shard(models, mesh, weight_plan):
@@ -182,14 +205,16 @@ def shard(models, mesh, weight_plan):
     Each Keras variable keeps its object, path and trainability; its backing tf.Variable
     becomes a `dtensor.DVariable` (MODEL_PARALLEL_NOTES: Keras 3 ignores `layout=` on
     TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs are
-    constrained to split over examples only (RESHAPING). Optimizers must be built after
-    this.
+    and convolution inputs are constrained to split over examples only (CONSTRAIN_OUTPUT,
+    CONSTRAIN_INPUT). Optimizers must be built after this.
     """
     from tensorflow.experimental import dtensor
     for model in models:
         for layer in _leaf_layers(model):
-            if isinstance(layer, RESHAPING):
-                _constrain_output(layer, mesh)
+            if isinstance(layer, CONSTRAIN_OUTPUT):
+                _constrain(layer, mesh, "output")
+            elif isinstance(layer, CONSTRAIN_INPUT):
+                _constrain(layer, mesh, "input")
         for w in model.weights:
             value = _to_mesh(w._value.read_value(), mesh, weight_plan[weight_path(model, w)])
             w._value = dtensor.DVariable(value, trainable=w.trainable, name=w.name)

@@ -1,0 +1,101 @@
+"""One device vs a DTensor mesh: the same GAN, seed and global batches, max weight gap.
+
+Run in-process (the suite's 2 logical CPUs) or as a script for other device counts:
+    python tests/mesh_helpers.py DEVICES MESH ARCH OPTIMIZER [STEPS] [fused]
+prints {"max_diff": ..., "d_loss": [ref, mesh], "g_loss": [ref, mesh]} as JSON.
+"""
+
+import json
+import os
+import sys
+
+GB = 8
+
+
+def config(arch, optimizer):
+    import ml_collections
+    from tf_gan_scale import configs
+    c = configs.base()
+    if arch == "dcgan":  # Batch norm in G and D, dropout 0.3 in D: all on.
+        c.data.source = "embedded:digits"
+        c.model.latent_dim = 8
+        c.model.g_channels, c.model.d_channels, c.model.d_norm = (16, 8, 4), (4, 8), "batch"
+    else:
+        c.data.source = "toy:ring8"
+        c.model = ml_collections.ConfigDict({
+            "name": "mlp", "latent_dim": 4, "hidden": (16, 16), "g_norm": "batch",
+            "d_norm": "batch", "sync_bn": True, "conditional": False})
+    if optimizer == "adam" and arch == "dcgan":
+        # D's second conv has a bias right before a batch norm: its gradient is zero in
+        # exact arithmetic, rounding noise in float32, and Adam turns noise into steps of
+        # +-lr (4e-4 apart after 10 steps, every other weight within 6e-8). Without D's
+        # batch norm (the tutorial's D) every Adam-trained weight is comparable.
+        c.model.d_norm = "none"
+    c.train.global_batch_size = GB
+    lr = 0.1 if optimizer == "sgd" else 1e-3
+    c.train.d_optimizer = c.train.g_optimizer = {"name": optimizer, "learning_rate": lr}
+    return c
+
+
+def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0):
+    """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
+    (MeshTrainer) from the same weights and batches; returns the JSON dict above.
+    fused=True runs D's and G's mesh updates in ONE tf.function (the stale-weights bug);
+    lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does)."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import data, train_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    c = config(arch, optimizer)
+    source = data.load(c.data.source)
+    ref = train_lib.build_gan(c, source.shape, 0)
+    mesh_gan = train_lib.build_gan(c, source.shape, 0)
+    for a, b in ((ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)):
+        b.set_weights(a.get_weights())
+    rng = np.random.default_rng(0)
+    batches = [np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
+               for _ in range(steps)]
+    ref_step = tf.function(ref.train_step)
+    for x in batches:
+        out = ref_step({"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)})
+    dims = mesh_lib.parse(spec)
+    plan = layouts.plan((mesh_gan.generator, mesh_gan.discriminator), dims)
+    opts = [dict(o, learning_rate=o["learning_rate"] * lr_scale)
+            for o in (c.train.d_optimizer, c.train.g_optimizer)]
+    trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan, *opts)
+    if fused:
+        @tf.function
+        def both(real, labels, step, t):
+            d = trainer._d_update(real, labels, step, 0, t)
+            return d, trainer._g_update(tf.shape(real)[0], step, t)
+
+        def fused_step(batches_):
+            real, labels = batches_[0]
+            t = tf.constant(trainer.step + 1, tf.float32)
+            d, g = both(real, labels, tf.constant(trainer.step, tf.int64), t)
+            trainer.step += 1
+            return float(layouts.gather(d)), float(layouts.gather(g))
+        trainer.train_step = fused_step
+    for x in batches:
+        d_loss, g_loss = trainer.train_step([trainer.batch(x)])
+    diff = 0.0
+    for a_net, b_net in ((ref.generator, mesh_gan.generator),
+                         (ref.discriminator, mesh_gan.discriminator)):
+        for a, b in zip(a_net.weights, b_net.weights):
+            diff = max(diff, float(np.abs(a.numpy().astype(np.float64)
+                                          - layouts.gather(b).astype(np.float64)).max()))
+    return {"max_diff": diff, "d_loss": [float(out["d_loss"]), d_loss],
+            "g_loss": [float(out["g_loss"]), g_loss], "step": trainer.step}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tf_gan_scale import distribute
+    distribute.configure_cpu_devices(int(sys.argv[1]))
+    args = sys.argv[2:]
+    fused = "fused" in args
+    args = [a for a in args if a != "fused"]
+    spec, arch, optimizer = args[:3]
+    steps = int(args[3]) if len(args) > 3 else 10
+    print(json.dumps(equivalence(spec, arch, optimizer, steps, fused)))
