@@ -12,7 +12,7 @@ import sys
 GB = 8
 
 
-def config(arch, optimizer):
+def config(arch, optimizer, d_steps=1):
     import ml_collections
     from tf_gan_scale import configs
     c = configs.base()
@@ -32,12 +32,14 @@ def config(arch, optimizer):
         # batch norm (the tutorial's D) every Adam-trained weight is comparable.
         c.model.d_norm = "none"
     c.train.global_batch_size = GB
+    c.train.d_steps = d_steps
     lr = 0.1 if optimizer == "sgd" else 1e-3
     c.train.d_optimizer = c.train.g_optimizer = {"name": optimizer, "learning_rate": lr}
     return c
 
 
-def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0):
+def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0,
+                d_steps=1):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
     fused=True runs D's and G's mesh updates in ONE tf.function (the stale-weights bug);
@@ -46,18 +48,20 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
     import tensorflow as tf
     from tf_gan_scale import data, train_lib
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
-    c = config(arch, optimizer)
+    c = config(arch, optimizer, d_steps)
     source = data.load(c.data.source)
     ref = train_lib.build_gan(c, source.shape, 0)
     mesh_gan = train_lib.build_gan(c, source.shape, 0)
     for a, b in ((ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)):
         b.set_weights(a.get_weights())
     rng = np.random.default_rng(0)
-    batches = [np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
-               for _ in range(steps)]
+    # d_steps real batches per GAN step.
+    batches = [[np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
+                for _ in range(d_steps)] for _ in range(steps)]
     ref_step = tf.function(ref.train_step)
-    for x in batches:
-        out = ref_step({"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)})
+    for xs in batches:
+        feed = [{"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)} for x in xs]
+        out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
     dims = mesh_lib.parse(spec)
     plan = layouts.plan((mesh_gan.generator, mesh_gan.discriminator), dims)
     opts = [dict(o, learning_rate=o["learning_rate"] * lr_scale)
@@ -76,8 +80,8 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
             trainer.step += 1
             return float(layouts.gather(d)), float(layouts.gather(g))
         trainer.train_step = fused_step
-    for x in batches:
-        d_loss, g_loss = trainer.train_step([trainer.batch(x)])
+    for xs in batches:
+        d_loss, g_loss = trainer.train_step([trainer.batch(x) for x in xs])
     diff = 0.0
     for a_net, b_net in ((ref.generator, mesh_gan.generator),
                          (ref.discriminator, mesh_gan.discriminator)):

@@ -71,7 +71,7 @@ def one(plan, pattern):
 
 
 G_DENSE, D_DENSE = r"generator/dense(_\d+)?/kernel", r"discriminator/dense(_\d+)?/kernel"
-CONVT0, CONVT2 = (r"generator/conv2d_transpose(_\d+)?/kernel", None)
+CONVT = r"generator/conv2d_transpose(_\d+)?/kernel"
 
 
 def test_default_policy_splits_dense_and_embedding_weights_only():
@@ -109,13 +109,17 @@ def test_overrides_win_and_are_checked():
     dims = {"batch": 2, "model": 2}
     paths = layouts.plan((g, d), dims)
     g_dense = one(paths, G_DENSE)
-    convts = sorted((p for p in paths if re.fullmatch(CONVT0, p)),
+    convts = sorted((p for p in paths if re.fullmatch(CONVT, p)),
                     key=lambda p: [w.path for w in g.weights].index(p))
     plan = layouts.plan((g, d), dims, overrides=[
         (g_dense, "model,-"),                 # row- instead of column-parallel
         (convts[0] + "$", "-,-,model,-")])    # [5, 5, out 6, in 8]
     assert plan[g_dense] == ("model", None)
     assert plan[convts[0]] == (None, None, "model", None)
+    # The last override matching a weight wins.
+    both = [(g_dense, "model,-"), (r"generator/dense", "-,-")]
+    assert layouts.plan((g, d), dims, overrides=both)[g_dense] == (None, None)
+    assert layouts.plan((g, d), dims, overrides=both[::-1])[g_dense] == ("model", None)
     bad = [
         ((r"no_such_layer", "-"), r"override 'no_such_layer' matches no weight; weight paths:"),
         ((g_dense, "-,modle"), r"unknown axis 'modle'; valid per dimension"),

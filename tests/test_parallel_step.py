@@ -24,14 +24,19 @@ TOL = 1e-5
 
 
 @pytest.mark.slow  # ~12 s each: two GANs traced, 10 steps on each.
-@pytest.mark.parametrize("spec, arch, optimizer", [
-    ("batch:1,model:2", "dcgan", "sgd"),
-    ("batch:2,model:1", "dcgan", "sgd"),
-    ("batch:1,model:2", "mlp", "sgd"),
-    ("batch:1,model:2", "dcgan", "adam"),
+@pytest.mark.parametrize("spec, arch, optimizer, d_steps", [
+    ("batch:1,model:2", "dcgan", "sgd", 1),
+    ("batch:2,model:1", "dcgan", "sgd", 1),
+    ("batch:1,model:2", "mlp", "sgd", 1),
+    ("batch:1,model:2", "dcgan", "adam", 1),
+    # Adam's DCGAN has no D batch norm: D's convolutions see the stacked [real; fake]
+    # directly (the conv-input constraint), split over examples.
+    ("batch:2,model:1", "dcgan", "adam", 1),
+    # Two D updates per step: their phases k and Adam's update count t = step * 2 + k + 1.
+    ("batch:1,model:2", "dcgan", "adam", 2),
 ])
-def test_mesh_equals_one_device(spec, arch, optimizer):
-    out = equivalence(spec, arch, optimizer, steps=10)
+def test_mesh_equals_one_device(spec, arch, optimizer, d_steps):
+    out = equivalence(spec, arch, optimizer, steps=10, d_steps=d_steps)
     assert out["step"] == 10
     assert out["max_diff"] < TOL, out
     np.testing.assert_allclose(*out["d_loss"], rtol=1e-5)
@@ -39,7 +44,9 @@ def test_mesh_equals_one_device(spec, arch, optimizer):
 
 
 @pytest.mark.slow
-def test_a_doubled_gradient_misses_by_orders_of_magnitude():
+def test_a_doubled_learning_rate_misses_by_orders_of_magnitude():
+    # What a gradient scaled by 2 does to SGD (the equivalence cases above catch a wrong
+    # global batch inside the step itself).
     assert equivalence("batch:1,model:2", "dcgan", "sgd", steps=10,
                        lr_scale=2.0)["max_diff"] > 100 * TOL
 
@@ -51,6 +58,28 @@ def test_d_and_g_in_one_function_trains_g_on_stale_weights():
     # separate functions; fusing them must be caught.
     assert equivalence("batch:1,model:2", "dcgan", "sgd", steps=10,
                        fused=True)["max_diff"] > 100 * TOL
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"accumulation_steps": 2}, "accumulation_steps"),
+    ({"penalty": "r1", "penalty_weight": 1.0}, "penalty"),
+    ({"lecam_weight": 0.1}, "lecam_weight"),
+])
+def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
+    import keras
+
+    from tf_gan_scale import architectures, errors, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=6,
+                               g_channels=(8, 6, 4), d_channels=(4, 6))
+    model = gan_lib.GAN(g, d, latent_dim=6)
+    model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD(),
+                  **setting)
+    dims = {"batch": 1, "model": 2}
+    sgd = {"name": "sgd", "learning_rate": 0.1}
+    with pytest.raises(errors.ConfigError, match=f"not supported on a mesh yet: {message}"):
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims),
+                             sgd, sgd)
 
 
 def test_adam_moments_are_split_like_their_weights():

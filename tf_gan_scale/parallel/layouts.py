@@ -204,7 +204,7 @@ def shard(models, mesh, weight_plan):
 
     Each Keras variable keeps its object, path and trainability; its backing tf.Variable
     becomes a `dtensor.DVariable` (MODEL_PARALLEL_NOTES: Keras 3 ignores `layout=` on
-    TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs are
+    TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs
     and convolution inputs are constrained to split over examples only (CONSTRAIN_OUTPUT,
     CONSTRAIN_INPUT). Optimizers must be built after this.
     """
