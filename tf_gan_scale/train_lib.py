@@ -119,7 +119,7 @@ def build_gan(config, data_shape, data_classes=0):
                   d_optimizer=precision.optimizer(d_opt, mode),
                   jit_compile=jit_compile(t.get("jit_compile", "auto")),
                   loss=t.loss, d_steps=t.d_steps, penalty=t.penalty,
-                  penalty_weight=t.penalty_weight, steps_per_execution=steps_per_execution(config),
+                  penalty_weight=t.penalty_weight, steps_per_execution=int(t.steps_per_execution) or 1,
                   **{k: t[k] for k in TECHNIQUES if k in t})
     return model
 
@@ -156,6 +156,9 @@ def steps_per_execution(config, start=0):
     sample_every, checkpoint_every, eval.every (the nonzero ones) and the step `start` a
     run resumes from (one trained to 6 steps, resumed to 10: 1, not 5, which would run
     to step 11).
+
+    `run` resolves auto once it knows the resume step; `build_gan` alone (notebooks,
+    tests, the benchmark) compiles one step per call for auto.
 
     Why: a call returns to Python once per k steps (the default digits step is ~11 ms, and
     each host round trip with its Keras batch hooks costs a part of that), while a callback

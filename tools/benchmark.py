@@ -190,9 +190,9 @@ def time_evaluation(config, strategy):
 
 def time_input(config, strategy, source, dataset, model):
     """Prints the pipeline's batches/sec against the train step's (--input_only)."""
-    from tf_gan_scale import data, train_lib
+    from tf_gan_scale import data
     t = config.train
-    per_call = t.d_steps * train_lib.steps_per_execution(config)
+    per_call = t.d_steps * model.steps_per_execution
     train_data = data.distribute(dataset, strategy)
     step_times, pipeline = [], []
     for _ in range(FLAGS.repeats):  # Interleaved, as with the baseline.
@@ -210,7 +210,7 @@ def time_input(config, strategy, source, dataset, model):
         "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
         "source": source.name, "strategy": FLAGS.strategy,
         "replicas": strategy.num_replicas_in_sync, "global_batch": t.global_batch_size,
-        "d_steps": t.d_steps, "steps_per_execution": train_lib.steps_per_execution(config),
+        "d_steps": t.d_steps, "steps_per_execution": model.steps_per_execution,
         "batches_per_call": per_call,
         "pipeline_batches_per_sec": round(pipe["batches_per_sec"], 2),
         "pipeline_images_per_sec": round(pipe["batches_per_sec"] * t.global_batch_size, 1),
