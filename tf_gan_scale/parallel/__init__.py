@@ -8,4 +8,6 @@ DVariable).
   mesh.py     parse and check "batch:B,model:M", build the DTensor mesh
   layouts.py  the layout policy (by layer type, regex overrides per weight path) and the
               sharding of built Keras models (each device holds 1/M of a sharded weight)
+  step.py     MeshTrainer: the GAN step on the mesh (separate D and G functions,
+              read-once optimizers), equal to one device
 """

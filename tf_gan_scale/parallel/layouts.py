@@ -148,11 +148,10 @@ def layout(mesh, spec):
     return dtensor.Layout([axis or dtensor.UNSHARDED for axis in spec], mesh)
 
 
-def _to_mesh(value, mesh, spec):
+def to_mesh(value, mesh, spec):
     """A tensor -> a DTensor on `mesh` laid out by `spec` (copied replicated, then
     relayout: each device keeps its slice)."""
     from tensorflow.experimental import dtensor
-    import tensorflow as tf
     value = tf.convert_to_tensor(value)
     replicated = dtensor.Layout.replicated(mesh, rank=value.shape.rank)
     return dtensor.relayout(dtensor.copy_to_mesh(value, replicated), layout(mesh, spec))
@@ -216,14 +215,13 @@ def shard(models, mesh, weight_plan):
             elif isinstance(layer, CONSTRAIN_INPUT):
                 _constrain(layer, mesh, "input")
         for w in model.weights:
-            value = _to_mesh(w._value.read_value(), mesh, weight_plan[weight_path(model, w)])
+            value = to_mesh(w._value.read_value(), mesh, weight_plan[weight_path(model, w)])
             w._value = dtensor.DVariable(value, trainable=w.trainable, name=w.name)
 
 
 def gather(weight):
     """A (possibly sharded) Keras variable, DVariable or DTensor -> numpy array of its
     full value (`KerasVariable.numpy()` fails on a sharded one)."""
-    import tensorflow as tf
     from tensorflow.experimental import dtensor
     x = weight._value if hasattr(weight, "_value") and not isinstance(weight, tf.Tensor) \
         else weight

@@ -120,7 +120,7 @@ class MeshTrainer:
             raise errors.ConfigError(f"not supported on a mesh yet: {', '.join(bad)}; "
                                      f"valid: run them with a tf.distribute strategy")
         self.gan, self.mesh = gan, mesh
-        gan._mesh = mesh  # D's [real; fake] concatenation goes through the mesh (GAN._join).
+        gan._mesh = mesh  # GAN._join then stacks [real; fake] (no concat on a split axis).
         layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
         self.d_opt = optimizer_from_config(d_optimizer, gan.discriminator.trainable_variables)
         self.g_opt = optimizer_from_config(g_optimizer, gan.generator.trainable_variables)
@@ -144,13 +144,9 @@ class MeshTrainer:
 
     def batch(self, real, labels=None):
         """Host arrays [GB, ...] (and labels [GB]) -> DTensors split over "batch"."""
-        from tensorflow.experimental import dtensor
-
         def put(x, dtype):
             x = tf.convert_to_tensor(x, dtype)
-            spec = ["batch"] + [dtensor.UNSHARDED] * (x.shape.rank - 1)
-            rep = dtensor.Layout.replicated(self.mesh, rank=x.shape.rank)
-            return dtensor.relayout(dtensor.copy_to_mesh(x, rep), dtensor.Layout(spec, self.mesh))
+            return layouts.to_mesh(x, self.mesh, ("batch",) + (None,) * (x.shape.rank - 1))
 
         if labels is None:
             labels = np.zeros([np.shape(real)[0]], np.int32)
