@@ -51,6 +51,8 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
     c = config(arch, optimizer, d_steps)
     source = data.load(c.data.source)
     ref = train_lib.build_gan(c, source.shape, 0)
+    for opt in (c.train.d_optimizer, c.train.g_optimizer):
+        opt.learning_rate *= lr_scale
     mesh_gan = train_lib.build_gan(c, source.shape, 0)
     for a, b in ((ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)):
         b.set_weights(a.get_weights())
@@ -64,20 +66,21 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
         out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
     dims = mesh_lib.parse(spec)
     plan = layouts.plan((mesh_gan.generator, mesh_gan.discriminator), dims)
-    opts = [dict(o, learning_rate=o["learning_rate"] * lr_scale)
-            for o in (c.train.d_optimizer, c.train.g_optimizer)]
-    trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan, *opts)
+    trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
     if fused:
         @tf.function
-        def both(real, labels, step, t):
-            d = trainer._d_update(real, labels, step, 0, t)
-            return d, trainer._g_update(tf.shape(real)[0], step, t)
+        def both(real, labels, step, t, lr):
+            d = trainer._d_update(real, labels, step, 0, t, lr)
+            return d, trainer._g_update(tf.shape(real)[0], step, t, lr)
 
         def fused_step(batches_):
             real, labels = batches_[0]
-            t = tf.constant(trainer.step + 1, tf.float32)
-            d, g = both(real, labels, tf.constant(trainer.step, tf.int64), t)
-            trainer.step += 1
+            n = trainer.step
+            d, g = both(real, labels, tf.constant(n, tf.int64),
+                        tf.constant(n + 1, tf.float32),
+                        tf.constant(trainer.g_opt.lr(n), tf.float32))
+            trainer.d_opt.count(n + 1)
+            trainer.g_opt.count(n + 1)
             return float(layouts.gather(d)), float(layouts.gather(g))
         trainer.train_step = fused_step
     for xs in batches:

@@ -76,10 +76,8 @@ def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
     model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD(),
                   **setting)
     dims = {"batch": 1, "model": 2}
-    sgd = {"name": "sgd", "learning_rate": 0.1}
     with pytest.raises(errors.ConfigError, match=f"not supported on a mesh yet: {message}"):
-        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims),
-                             sgd, sgd)
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
 
 
 def test_adam_moments_are_split_like_their_weights():
@@ -91,17 +89,38 @@ def test_adam_moments_are_split_like_their_weights():
     g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=6,
                                g_channels=(8, 6, 4), d_channels=(4, 6))
     model = gan_lib.GAN(g, d, latent_dim=6)
-    model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD())
+    model.compile(d_optimizer=keras.optimizers.Adam(), g_optimizer=keras.optimizers.Adam())
     dims = {"batch": 1, "model": 2}
     plan = layouts.plan((g, d), dims)
-    trainer = step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), plan,
-                                   {"name": "adam", "learning_rate": 1e-3},
-                                   {"name": "adam", "learning_rate": 1e-3})
+    trainer = step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), plan)
     kernel = [w for w in g.trainable_variables if len(w.shape) == 2][0]  # [6, 32], split.
     m, v = trainer.g_opt.slots[g.trainable_variables.index(kernel)]
     assert layouts.local_shapes(kernel) == [(6, 16), (6, 16)]
-    assert [tuple(t.shape) for t in dtensor.unpack(m.read_value())] == [(6, 16), (6, 16)]
-    assert [tuple(t.shape) for t in dtensor.unpack(v.read_value())] == [(6, 16), (6, 16)]
+    # The Keras optimizer's own slots (what its checkpoint holds), split like the kernel.
+    assert m is model.g_optimizer._momentums[g.trainable_variables.index(kernel)]
+    assert layouts.local_shapes(m) == layouts.local_shapes(v) == [(6, 16), (6, 16)]
+    counter = model.g_optimizer.iterations._value.read_value()  # Replicated on the mesh.
+    assert dtensor.fetch_layout(counter).mesh == trainer.mesh
+    assert dtensor.fetch_layout(counter).is_fully_replicated()
+
+
+@pytest.mark.parametrize("optimizer, message", [
+    ("AdamW", "optimizer AdamW"),
+    ("SGD(momentum=0.9)", "momentum=0.9"),
+    ("Adam(clipnorm=1.0)", "clipnorm=1.0"),
+])
+def test_optimizers_the_mesh_cannot_run_are_refused(optimizer, message):
+    import keras
+
+    from tf_gan_scale import architectures, errors, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("mlp", data_shape=(2,), latent_dim=4, hidden=(8,))
+    model = gan_lib.GAN(g, d, latent_dim=4)
+    opt = eval(f"keras.optimizers.{optimizer if '(' in optimizer else optimizer + '()'}")
+    model.compile(d_optimizer=opt, g_optimizer=keras.optimizers.SGD())
+    dims = {"batch": 1, "model": 2}
+    with pytest.raises(errors.ConfigError, match=f"not supported on a mesh: {message}"):
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
 
 
 @pytest.mark.slow

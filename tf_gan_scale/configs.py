@@ -94,4 +94,11 @@ def base():
     c.eval.cache_dir = ""             # Reference statistics; "" = ~/.cache/tf_gan_scale.
     c.eval.best = "fid"               # Keep checkpoints/best by this score; "" = none.
     c.eval.allow_rank_deficient = False  # FID from fewer samples than feature dimensions.
+
+    # Model / hybrid parallelism on a DTensor mesh (tf_gan_scale/parallel/, README).
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.mesh = ""              # "batch:B,model:M" (or --mesh); "": tf.distribute.
+    # Overrides of the layout policy: ((regex over "model/weight path", "spec"), ...),
+    # spec per dimension "-" or an axis, e.g. (("generator/dense/kernel", "model,-"),).
+    c.parallel.layouts = ()
     return c

@@ -4,9 +4,15 @@
         [--strategy=auto|one_device|mirrored|multi_worker_mirrored|tpu] \
         [--num_cpu_devices=N] [--num_gpus=N] [--tpu=NAME] [--config.train.num_steps=...] \
         [--collective=auto|ring|nccl] [--cluster_resolver=tf_config|slurm] [--peer_timeout_s=S]
+    python -m tf_gan_scale.main --config=... --workdir=DIR --mesh=batch:B,model:M \
+        [--num_cpu_devices=N]     # model / hybrid parallelism on a DTensor mesh
 
 One --config file per run (a second one is bad input); --strategy=auto trains on every task
-of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py).
+of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py). --mesh (or
+config.parallel.mesh) trains on a DTensor mesh of this process's devices instead
+(tf_gan_scale/parallel/); it excludes the tf.distribute flags. Checkpoints are the same
+either way: a run resumes on the other.
+
 Re-running the same command on the same workdir resumes from the latest checkpoint.
 Bad input exits with status 2 and one line on stderr. SIGTERM saves a checkpoint (on every
 worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one line naming it,
@@ -44,7 +50,26 @@ flags.DEFINE_string("cluster_resolver", "tf_config", "Multi-worker cluster from:
 flags.DEFINE_float("peer_timeout_s", None, "Multi-worker: a worker silent this long is lost "
                    "and the others fail naming it (default: TensorFlow's, about 10 s).")
 flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
+flags.DEFINE_string("mesh", None, "batch:B,model:M: train on a DTensor mesh of B x M devices "
+                    "(weights split over 'model'); overrides config.parallel.mesh.")
 FLAGS = flags.FLAGS
+
+# Flags of the tf.distribute path: meaningless on a mesh, so given with one they are an error.
+_STRATEGY_FLAGS = ("strategy", "num_gpus", "tpu", "collective", "cluster_resolver",
+                   "peer_timeout_s")
+
+
+def _check_mesh_flags(spec):
+    """One-line ConfigError if a mesh run got a tf.distribute flag or a cluster."""
+    given = [f"--{name}={FLAGS[name].value}" for name in _STRATEGY_FLAGS if FLAGS[name].present]
+    if given:
+        raise errors.ConfigError(f"--mesh={spec} cannot be combined with {', '.join(given)}; "
+                                 f"valid: a mesh (with --num_cpu_devices) or those flags")
+    for var in ("TF_CONFIG", "DTENSOR_JOBS"):
+        if os.environ.get(var):
+            raise errors.ConfigError(f"--mesh={spec} with {var} set: meshes over several "
+                                     f"processes are not supported yet; valid: one process "
+                                     f"(unset {var}) or a tf.distribute strategy")
 
 
 def main(argv):
@@ -54,6 +79,16 @@ def main(argv):
         raise errors.ConfigError("--config and --workdir are required, e.g. "
                                  "--config=experiments/digits.py --workdir=/tmp/digits")
     logging.set_verbosity(logging.INFO)
+    spec = FLAGS.mesh or (config.get("parallel") or {}).get("mesh", "")
+    if spec:  # A DTensor mesh instead of a tf.distribute strategy.
+        from tf_gan_scale.parallel import mesh as mesh_lib
+        _check_mesh_flags(spec)
+        dims = mesh_lib.parse(spec)
+        distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
+        from tf_gan_scale import train_lib
+        _stop_on_non_finite(lambda: train_lib.run_mesh(
+            config, FLAGS.workdir, dims, tfds_data_dir=FLAGS.tfds_data_dir))
+        return
     # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
     strategy = distribute.make_strategy(
@@ -63,13 +98,21 @@ def main(argv):
     from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
     import tensorflow as tf
     try:
-        train_lib.run(config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir)
+        _stop_on_non_finite(lambda: train_lib.run(
+            config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir))
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.DeadlineExceededError) as e:
         # A lost peer aborts this worker's collectives with one of these types, but so can
         # storage or the input pipeline: only the former is reported as a lost peer.
         print(f"error: {distribute.abort_message(e, strategy)}", file=sys.stderr)
         sys.exit(1)
+
+
+def _stop_on_non_finite(train):
+    """Runs train(); a NaN / inf loss or gradient exits 1 with one line."""
+    import tensorflow as tf
+    try:
+        train()
     except errors.NonFiniteError as e:
         # Raised before the step's callbacks: no checkpoint holds the bad weights.
         latest = tf.train.latest_checkpoint(os.path.join(FLAGS.workdir, "checkpoints"))

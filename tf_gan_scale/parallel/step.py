@@ -21,91 +21,126 @@ import tensorflow as tf
 from tf_gan_scale import errors
 from tf_gan_scale.parallel import layouts
 
-OPTIMIZERS = ("sgd", "adam")
+
+def _optimizer_name(opt):
+    """"sgd" / "adam" for the Keras optimizers the mesh can run, else a ConfigError naming
+    the setting and what is valid."""
+    import keras
+    names = {keras.optimizers.SGD: "sgd", keras.optimizers.Adam: "adam"}
+    name = names.get(type(opt))  # Exactly: AdamW is an Adam with weight decay.
+    bad = [] if name else [f"optimizer {type(opt).__name__}"]
+    bad += [f"{k}={getattr(opt, k)!r}" for k in
+            ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm",
+             "gradient_accumulation_steps") if getattr(opt, k, None)]
+    bad += [f"{k}=True" for k in ("use_ema", "amsgrad", "nesterov") if getattr(opt, k, False)]
+    if name == "sgd" and opt.momentum:
+        bad.append(f"momentum={opt.momentum}")
+    if bad:
+        raise errors.ConfigError(f"not supported on a mesh: {', '.join(bad)}; valid: sgd "
+                                 f"(momentum 0) or adam, without decay, clipping or EMA")
+    return name
 
 
 class ReadOnceOptimizer:
-    """SGD or Adam over (possibly sharded) DVariables: each variable and slot is read
-    once and written once per update, the update number t comes in as an argument.
+    """Runs a built Keras SGD or Adam over (possibly sharded) DVariables, reading each
+    variable and slot once and writing it once per update (Keras' own update reads
+    `iterations` and slots after writing them: silently wrong on a mesh).
+
+    It keeps the Keras optimizer's own variables (moved onto the mesh: each slot with its
+    weight's layout, the counters replicated), so a checkpoint of the optimizer is the
+    same on a mesh and on one device, and a run moves between them with its moments.
+    The update count and learning rate come from the host (`lr(n)`, `apply(..., t, lr)`)
+    and `iterations` is written from the host between steps (`count`).
 
     Args:
-        name: "sgd" or "adam".
-        variables: the Keras variables it updates (their DVariables must exist: build
-            after `layouts.shard`).
-        learning_rate, beta_1, beta_2, epsilon: as Keras' SGD / Adam (constant rate).
+        optimizer: a built keras.optimizers.SGD (momentum 0) or Adam; its variables'
+            weights must be on `mesh` already (`layouts.shard`).
+        mesh: the dtensor.Mesh.
     """
 
-    def __init__(self, name, variables, learning_rate, beta_1=0.9, beta_2=0.999,
-                 epsilon=1e-7):
+    def __init__(self, optimizer, mesh):
         from tensorflow.experimental import dtensor
-        if name not in OPTIMIZERS:
-            raise errors.ConfigError(f"optimizer {name!r} on a mesh; valid: "
-                                     f"{', '.join(OPTIMIZERS)}")
-        self.name, self.variables = name, list(variables)
-        self.lr, self.b1, self.b2, self.eps = (float(learning_rate), float(beta_1),
-                                               float(beta_2), float(epsilon))
-        self.slots = []
-        if name == "adam":
-            for v in self.variables:
-                lay = dtensor.fetch_layout(v._value)
-                zeros = dtensor.call_with_layout(tf.zeros, lay, v.shape, v.dtype)
-                # m and v with the weight's layout: a split weight's moments are split too.
-                self.slots.append((dtensor.DVariable(zeros, name=f"{v.name}_m"),
-                                   dtensor.DVariable(tf.identity(zeros), name=f"{v.name}_v")))
+        self.name, self.keras, self.mesh = _optimizer_name(optimizer), optimizer, mesh
+        self.variables = list(optimizer._trainable_variables)
+        slots = ((optimizer._momentums, optimizer._velocities) if self.name == "adam"
+                 else ())
+        spec_of = {}  # A slot's layout is its weight's.
+        for kind in slots:
+            for w, slot in zip(self.variables, kind):
+                spec_of[id(slot)] = tuple(
+                    None if a == dtensor.UNSHARDED else a
+                    for a in dtensor.fetch_layout(w._value).sharding_specs)
+        for v in optimizer.variables:  # iterations, learning_rate, slots.
+            spec = spec_of.get(id(v), (None,) * len(v.shape))
+            value = layouts.to_mesh(v._value.read_value(), mesh, spec)
+            v._value = dtensor.DVariable(value, trainable=False, name=v.name)
+        self.slots = list(zip(*slots)) if slots else []
+        self.updates = int(layouts.gather(optimizer.iterations))
 
-    def apply(self, grads, t):
+    def lr(self, n=None):
+        """The learning rate of update number n (0-based; default: the next), as Keras
+        computes it: the schedule at n, or the constant."""
+        import keras
+        rate = self.keras._learning_rate
+        n = self.updates if n is None else n
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            return float(np.asarray(rate(n)))
+        return float(layouts.gather(rate))
+
+    def count(self, n):
+        """Sets `iterations` to n updates (on the host, between steps)."""
+        self.updates = int(n)
+        self.keras.iterations._value.assign(layouts.to_mesh(
+            tf.constant(self.updates, self.keras.iterations.dtype), self.mesh, ()))
+
+    def apply(self, grads, t, lr):
         """Updates with `grads` (global gradients, the variables' layouts); t: float32
-        scalar, the 1-based update number (Adam's bias correction)."""
+        scalar, the 1-based update number (Adam's bias correction); lr: float32 scalar."""
         for i, (v, g) in enumerate(zip(self.variables, grads)):
             if g is None:
                 continue
             w = v._value.read_value()
             if self.name == "sgd":
-                v._value.assign(w - self.lr * g)
+                v._value.assign(w - lr * g)
                 continue
-            m_var, v_var = self.slots[i]
-            m = self.b1 * m_var.read_value() + (1 - self.b1) * g
-            s = self.b2 * v_var.read_value() + (1 - self.b2) * tf.square(g)
-            # Keras' Adam: lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(s) + eps).
-            rate = self.lr * tf.sqrt(1 - tf.pow(self.b2, t)) / (1 - tf.pow(self.b1, t))
-            v._value.assign(w - rate * m / (tf.sqrt(s) + self.eps))
+            k = self.keras
+            m_var, v_var = (slot._value for slot in self.slots[i])
+            # Keras' Adam, term for term (its rounding): m += (g - m)(1 - b1), likewise
+            # s with g^2, w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(s) + eps).
+            m = m_var.read_value()
+            m = m + (g - m) * (1 - k.beta_1)
+            s = v_var.read_value()
+            s = s + (tf.square(g) - s) * (1 - k.beta_2)
+            rate = lr * tf.sqrt(1 - tf.pow(k.beta_2, t)) / (1 - tf.pow(k.beta_1, t))
+            v._value.assign(w - m * rate / (tf.sqrt(s) + k.epsilon))
             m_var.assign(m)
             v_var.assign(s)
-
-
-def optimizer_from_config(cfg, variables):
-    """ReadOnceOptimizer from a config.train.{d,g}_optimizer dict."""
-    cfg = dict(cfg)
-    name = cfg.pop("name", None)
-    known = {"learning_rate", "beta_1", "beta_2", "epsilon"}
-    if set(cfg) - known:
-        raise errors.ConfigError(f"optimizer options {sorted(set(cfg) - known)} are not "
-                                 f"supported on a mesh; valid: {', '.join(sorted(known))}")
-    return ReadOnceOptimizer(name, variables, **cfg)
 
 
 class MeshTrainer:
     """Trains `gan` (a compiled `gan.GAN`) on `mesh`. Tested unconditional, with d_steps
     1 and 2, batch norm and dropout; conditional models run the same code, untested here.
 
-    The networks' weights are moved onto the mesh by `weight_plan` (layouts.plan). One
-    call of `train_step(real, labels)` is one GAN step: d_steps D updates, then one G
-    update, each in its own tf.function.
+    The networks' weights are moved onto the mesh by `weight_plan` (layouts.plan), then
+    the optimizers' variables (ReadOnceOptimizer). The GAN's checkpoint items
+    (`gan.checkpoint_items()`) stay the same objects, so a tf.train.Checkpoint of them
+    saves and restores on the mesh exactly as on one device: restore before or after.
+    One call of `train_step(batches)` is one GAN step: d_steps D updates, then one G
+    update, each in its own tf.function; `gan.step` counts it as on one device.
 
     Args:
-        gan: gan.GAN, compiled (its loss, seeds and d_steps are used; its optimizers are
-            replaced by read-once ones from `d_optimizer` / `g_optimizer` configs).
+        gan: gan.GAN, compiled with Keras SGD (momentum 0) or Adam optimizers (their
+            state, learning rates and schedules are used) and built.
         mesh: dtensor.Mesh with axes ("batch", "model").
         weight_plan: {weight path: spec} (layouts.plan).
-        d_optimizer / g_optimizer: {"name": "sgd" | "adam", "learning_rate": ...}.
 
     Not yet on a mesh (a ConfigError, not a silently different run): gradient
     accumulation, mixed_float16 loss scaling, gradient penalties (D called twice in one
     function: its stateful layers would hit the read-after-write trap), LeCam, the EMA
-    generator, and resuming (the optimizer moments are not checkpointed yet).
+    generator.
     """
 
-    def __init__(self, gan, mesh, weight_plan, d_optimizer, g_optimizer):
+    def __init__(self, gan, mesh, weight_plan):
         import keras
         unsupported = {
             "accumulation_steps": gan.accumulation_steps != 1,
@@ -119,27 +154,34 @@ class MeshTrainer:
         if bad:
             raise errors.ConfigError(f"not supported on a mesh yet: {', '.join(bad)}; "
                                      f"valid: run them with a tf.distribute strategy")
+        for opt in (gan.d_optimizer, gan.g_optimizer):
+            _optimizer_name(opt)  # Before anything moves.
         self.gan, self.mesh = gan, mesh
         gan._mesh = mesh  # GAN._join then stacks [real; fake] (no concat on a split axis).
         layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
-        self.d_opt = optimizer_from_config(d_optimizer, gan.discriminator.trainable_variables)
-        self.g_opt = optimizer_from_config(g_optimizer, gan.generator.trainable_variables)
-        self.step = 0
+        self.d_opt = ReadOnceOptimizer(gan.d_optimizer, mesh)
+        self.g_opt = ReadOnceOptimizer(gan.g_optimizer, mesh)
         self._d_fn = tf.function(self._d_update)
         self._g_fn = tf.function(self._g_update)
+        self._sample_fn = None
+
+    @property
+    def step(self):
+        """GAN steps taken (the G optimizer's update count, kept on the host)."""
+        return self.g_opt.updates
 
     def _rows(self, gb):
         return tf.range(gb)
 
-    def _d_update(self, real, labels, step, k, t):
+    def _d_update(self, real, labels, step, k, t, lr):
         gb = tf.shape(real)[0]
         grads, share, _ = self.gan._d_grads(real, labels, self._rows(gb), gb, step, k)
-        self.d_opt.apply(grads, t)
+        self.d_opt.apply(grads, t, lr)
         return share
 
-    def _g_update(self, gb, step, t):
+    def _g_update(self, gb, step, t, lr):
         grads, share = self.gan._g_grads(self._rows(gb), gb, step)
-        self.g_opt.apply(grads, t)
+        self.g_opt.apply(grads, t, lr)
         return share
 
     def batch(self, real, labels=None):
@@ -158,15 +200,74 @@ class MeshTrainer:
         d_steps = self.gan.d_steps
         if len(batches) != d_steps:
             raise ValueError(f"{len(batches)} batches for d_steps={d_steps}")
-        step = tf.constant(self.step, tf.int64)
+        step = self.step
+        step_t = tf.constant(step, tf.int64)
         for k, (real, labels) in enumerate(batches):
-            t = tf.constant(self.step * d_steps + k + 1, tf.float32)
-            d_loss = self._d_fn(real, labels, step, k, t)
+            n = self.d_opt.updates
+            d_loss = self._d_fn(real, labels, step_t, k, tf.constant(n + 1, tf.float32),
+                                tf.constant(self.d_opt.lr(n), tf.float32))
+            self.d_opt.count(n + 1)  # Between functions: no read after write.
         gb = int(batches[0][0].shape[0])
-        g_loss = self._g_fn(tf.constant(gb), step, tf.constant(self.step + 1, tf.float32))
-        self.step += 1
+        g_loss = self._g_fn(tf.constant(gb), step_t, tf.constant(step + 1, tf.float32),
+                            tf.constant(self.g_opt.lr(step), tf.float32))
+        self.g_opt.count(step + 1)
         losses = float(layouts.gather(d_loss)), float(layouts.gather(g_loss))
         if not np.all(np.isfinite(losses)):
-            raise errors.NonFiniteError(f"non-finite loss at step {self.step} on the mesh: "
+            raise errors.NonFiniteError(f"non-finite loss at step {step + 1} on the mesh: "
                                         f"d_loss={losses[0]}, g_loss={losses[1]}")
         return losses
+
+
+class _Rate:
+    """An optimizer as `callbacks.Summaries` reads it: `learning_rate` of the next update."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    @property
+    def learning_rate(self):
+        return self._optimizer.lr()
+
+
+class HostView:
+    """What the training callbacks (`callbacks.py`) and the scorer read of a GAN, for one
+    trained on a mesh: `step`, `latent_dim`, `num_classes`, the optimizers' learning
+    rates, `sampler` and `generate`.
+
+    Samples and scores run on `host_generator`, a plain Keras copy of G (same
+    architecture, TensorFlow's default device) refreshed from the mesh when `sampler` is
+    read at a new step, so sampling and evaluation code need no DTensor. It costs one
+    gathered copy of G's weights in host memory.
+
+    Args:
+        trainer: the MeshTrainer.
+        host_generator: a built generator like trainer.gan.generator, not on the mesh.
+    """
+
+    def __init__(self, trainer, host_generator):
+        shapes = [tuple(w.shape) for w in trainer.gan.generator.weights]
+        if [tuple(w.shape) for w in host_generator.weights] != shapes:  # Names differ (dense_1).
+            raise ValueError("host_generator's weights differ from the mesh generator's")
+        self.trainer, self.host_generator = trainer, host_generator
+        self.latent_dim = trainer.gan.latent_dim
+        self.num_classes = trainer.gan.num_classes
+        self.g_optimizer, self.d_optimizer = _Rate(trainer.g_opt), _Rate(trainer.d_opt)
+        self.stop_training = False  # Set by callbacks.StopAtStep.
+        self._synced = None
+
+    @property
+    def step(self):
+        return tf.constant(self.trainer.step, tf.int64)
+
+    @property
+    def sampler(self):
+        if self._synced != self.trainer.step:
+            for h, w in zip(self.host_generator.weights, self.trainer.gan.generator.weights):
+                h.assign(layouts.gather(w))
+            self._synced = self.trainer.step
+        return self.host_generator
+
+    def generate(self, z, batch_size=256, labels=None):
+        """As gan.GAN.generate: [N, latent_dim] (labels [N]) -> [N, *data_shape]."""
+        from tf_gan_scale import gan as gan_lib
+        return gan_lib.generate(self.sampler, z, batch_size, labels)
