@@ -30,6 +30,16 @@ times faster the pipeline produces batches than the train step consumes them.
 
     python tools/benchmark.py --config=experiments/digits.py --input_only --strategy=one_device
 
+Model / hybrid parallelism: `--mesh=batch:B,model:M` (repeatable) also times training on
+each DTensor mesh (parallel.step.MeshTrainer, as `main --mesh` trains), interleaved with
+the --strategy run, and reports per mesh images/sec, the ratio to the --strategy run and
+the parameters each device holds (split weights count 1/M). A model with a wide first G
+layer, on one device against 2x1 and 1x2 meshes of 2 logical CPUs:
+
+    python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
+        --config.model.g_channels='(1024,128,64)' --num_cpu_devices=2 --baseline=false \
+        --mesh=batch:2,model:1 --mesh=batch:1,model:2
+
 Evaluation: `--eval_extractor=SPEC` times scoring instead (evaluation.fake_features: the
 config's generator, untrained, and the extractor over --eval_samples generated examples,
 FID statistics streamed, features kept with --eval_keep for KID/PR), after a warm-up pass,
@@ -44,6 +54,8 @@ import json
 import os
 import sys
 import time
+
+import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -79,6 +91,8 @@ flags.DEFINE_string("eval_extractor", None, "Time scoring with this extractor in
 flags.DEFINE_integer("eval_samples", 50000, "Generated examples scored (--eval_extractor).")
 flags.DEFINE_integer("eval_batch_size", 512, "Global evaluation batch (--eval_extractor).")
 flags.DEFINE_boolean("eval_keep", False, "Also gather the features (KID, PR).")
+flags.DEFINE_multi_string("mesh", None, "batch:B,model:M: also time training on this "
+                          "DTensor mesh (repeatable), interleaved with --strategy's run.")
 FLAGS = flags.FLAGS
 
 
@@ -135,6 +149,39 @@ def time_fit(model, dataset, steps, warmup):
     model.fit(dataset, epochs=1, steps_per_epoch=warmup + steps, callbacks=[Clock()],
               verbose=0, shuffle=False)
     return (stamps[-1] - stamps[warmup - 1]) / steps
+
+
+class MeshRun:
+    """Training on a DTensor mesh, timed like `time_fit`: the GAN of `config` built
+    afresh (same seed: same initial weights as the --strategy run), split by the layout
+    policy, stepped by MeshTrainer with host batches moved onto the mesh, as `main --mesh`
+    runs it."""
+
+    def __init__(self, config, source, dataset, spec):
+        from tf_gan_scale import train_lib
+        from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+        train_lib._check_mesh_config(config)
+        self.dims = mesh_lib.parse(spec)
+        mesh = mesh_lib.make(self.dims)
+        gan = train_lib.build_gan(config, source.shape, source.num_classes)
+        nets = (gan.generator, gan.discriminator)
+        plan = layouts.plan(nets, self.dims, tuple(tuple(o) for o in config.parallel.layouts))
+        self.trainer = step_lib.MeshTrainer(gan, mesh, plan)
+        self.batches = iter(dataset)
+        self.d_steps = config.train.d_steps
+        # Parameters on the first device: what a mesh saves in weight memory.
+        self.params = {net.name: sum(int(np.prod(layouts.local_shapes(w)[0]))
+                                     for w in net.weights) for net in nets}
+        self.split = sum(any(s) for s in plan.values())
+
+    def time(self, steps, warmup):
+        stamps = []
+        for _ in range(warmup + steps):
+            feed = [self.trainer.batch(b["x"], b["label"])
+                    for b in (next(self.batches) for _ in range(self.d_steps))]
+            self.trainer.train_step(feed)  # Returns the losses as floats: synchronous.
+            stamps.append(time.perf_counter())
+        return (stamps[-1] - stamps[warmup - 1]) / steps
 
 
 def run_workers(num_workers):
@@ -244,7 +291,6 @@ def main(argv):
                                         collective=FLAGS.collective,
                                         num_cpu_devices=FLAGS.num_cpu_devices)
     import keras
-    import numpy as np
     from tf_gan_scale import architectures, data, precision, train_lib
 
     train_lib.validate(config, strategy.num_replicas_in_sync)
@@ -282,11 +328,14 @@ def main(argv):
         plain.compile(train_lib.make_optimizer(config.train.g_optimizer),
                       train_lib.make_optimizer(config.train.d_optimizer))
         runs["baseline"] = (plain, dataset)
+    meshes = {spec: MeshRun(config, source, dataset, spec) for spec in FLAGS.mesh or ()}
     # Interleaved, so a slow phase of the machine hits both alike.
     times = {name: [] for name in runs}
     for _ in range(FLAGS.repeats):
         for name, (m, ds) in runs.items():
             times[name].append(time_fit(m, ds, FLAGS.steps, FLAGS.warmup))
+        for spec, mesh_run in meshes.items():
+            times.setdefault(spec, []).append(mesh_run.time(FLAGS.steps, FLAGS.warmup))
     step_time = min(times["tf_gan_scale"])
     result = {
         "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
@@ -306,6 +355,18 @@ def main(argv):
             "step_time_s": round(base_time, 5), "images_per_sec": round(gb / base_time, 1),
             "all_step_times_s": [round(t, 4) for t in times["baseline"]]}
         result["speed_vs_baseline"] = round(base_time / step_time, 3)
+    if meshes:
+        nets = (model.generator, model.discriminator)
+        result["params_per_device"] = {n.name: n.count_params() for n in nets}
+        result["meshes"] = {}
+        for spec, mesh_run in meshes.items():
+            mesh_time = min(times[spec])
+            result["meshes"][spec] = {
+                "step_time_s": round(mesh_time, 5),
+                "images_per_sec": round(gb * config.train.d_steps / mesh_time, 1),
+                f"speed_vs_{FLAGS.strategy}": round(step_time / mesh_time, 3),
+                "params_per_device": mesh_run.params, "split_weights": mesh_run.split,
+                "all_step_times_s": [round(t, 4) for t in times[spec]]}
     if distribute.is_chief(strategy):
         print(json.dumps(result), flush=True)
 
