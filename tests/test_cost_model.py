@@ -1,15 +1,23 @@
-"""All-reduce cost model: exact message sizes for the tutorial DCGAN, the ring formula."""
+"""All-reduce cost model: exact message sizes for the tutorial DCGAN, the ring formula,
+and the model axis of a DTensor mesh (bytes by hand on a tiny model, M=1 = data
+parallelism)."""
 
 import keras
 import pytest
 
 from conftest import run_cmd
 from tf_gan_scale import architectures, cost_model
+from tf_gan_scale.layers import SyncBatchNormalization
 
 
 @pytest.fixture(scope="module")
-def dcgan():
-    g, d = architectures.build("dcgan", data_shape=(28, 28, 1), latent_dim=100)
+def dcgan_models():
+    return architectures.build("dcgan", data_shape=(28, 28, 1), latent_dim=100)
+
+
+@pytest.fixture(scope="module")
+def dcgan(dcgan_models):
+    g, d = dcgan_models
     return cost_model.network_costs(g, d, (28, 28, 1), 100)
 
 
@@ -23,6 +31,16 @@ def test_dcgan_messages(dcgan):
     # Statistics in float64: 8 bytes per value.
     assert sorted(msgs["batch_norm"]) == sorted([8 * (2 * c + 1)
                                                  for c in (12544, 128, 64)] * 4)
+
+
+def test_bn_channels_inside_conditional_batch_norm():
+    # BigGAN's cBN holds its SyncBatchNormalization as a sub-layer (and has no moving
+    # statistics itself). Each G block normalizes its input and its middle (block 1: 8
+    # in, 8 out; block 2: 8 in, 4 out), then one plain BN of 4 before the output conv.
+    g, d = architectures.build("biggan", data_shape=(16, 16, 3), latent_dim=12, ch=4,
+                               g_channels=(2, 1), d_channels=(1, 2), hier=True)
+    assert cost_model._bn_channels(g) == [8, 8, 8, 4, 4]
+    assert cost_model._bn_channels(d) == []
 
 
 def test_forward_flops_of_a_dense_layer():
@@ -135,3 +153,178 @@ def test_overlap_never_makes_a_step_slower():
                     assert over <= plain * (1 + 1e-12)
                     if packs == 1:  # One all-reduce after the backward: nothing to hide.
                         assert over == pytest.approx(plain)
+
+
+# ---- The model axis (cost_model.mesh_*) ---------------------------------------------
+
+def tiny_pair():
+    """G: z[4] -> Dense 8 (no bias) -> BN -> Reshape [2, 2, 2] -> Conv 1x1 (1 filter).
+    D: x[2, 2, 1] -> Flatten -> Dense 6 -> LeakyReLU -> Dense 1. At model=2: G's Dense
+    [4, 8] and D's Dense [4, 6] column-parallel, D's Dense [6, 1] row-parallel."""
+    dense = keras.layers.Dense
+    g = keras.Sequential([keras.Input((4,)), dense(8, use_bias=False, name="g8"),
+                          SyncBatchNormalization(), keras.layers.Reshape((2, 2, 2)),
+                          keras.layers.Conv2D(1, 1, use_bias=False)], name="generator")
+    d = keras.Sequential([keras.Input((2, 2, 1)), keras.layers.Flatten(),
+                          dense(6, name="d6"), keras.layers.LeakyReLU(),
+                          dense(1, name="d1")], name="discriminator")
+    return g, d
+
+
+MESH = {"batch": 2, "model": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    g, d = tiny_pair()
+    return cost_model.mesh_network_costs(g, d, (2, 2, 1), 4, MESH)
+
+
+def check_tiny_messages(costs):
+    """The tiny pair on batch:2,model:2, 3 examples per device, d_steps 1, by hand."""
+    msgs = cost_model.mesh_step_messages(costs, MESH, per_device_batch=3)
+    # Trainable parameters: G 32 (kernel, split) + 16 (BN) + 2 (conv) = 50; one device
+    # holds 32 / 2 + 18 = 34. D: 24 + 6 (Dense 6, kernel split) + 6 + 1 (Dense 1, kernel
+    # split) = 37; one device: 12 + 6 + 3 + 1 = 22. Gradients: 4 bytes each, over "batch".
+    assert msgs["gradients"] == [4 * 22, 4 * 34]
+    # G's BN normalizes the split output of Dense 8: 4 channels per device, 2C + 1
+    # float64 values, in 3 passes (D update forward; G update forward + backward).
+    assert msgs["batch_norm"] == [8 * (2 * 4 + 1)] * 3
+    # All-gathers over "model", float32 [examples, features]: G's Dense 8 output in the D
+    # update (3 fakes) and the G update (3), D's Dense 6 output on 3 real + 3 fake in the
+    # D update and on 3 fakes in the G update.
+    assert msgs["model_gather"] == [4 * 3 * 8, 4 * 6 * 6, 4 * 3 * 8, 4 * 3 * 6]
+    # All-reduces over "model": Dense 1's partial sums (6 then 3 examples), and in the G
+    # update the gradient w.r.t. D's input (the fakes, [3, 4]) through the column-parallel
+    # Dense 6. Not in the D update (the images need no gradient there), never for G's
+    # Dense (z needs none).
+    assert msgs["model_all_reduce"] == [4 * 6 * 1, 4 * 3 * 1, 4 * 3 * 4]
+    total = cost_model.mesh_step_bytes(costs, MESH, 3)
+    assert total["messages"] == {"gradients": 224, "batch_norm": 216,
+                                 "model_gather": 408, "model_all_reduce": 84}
+    # Ring shares over 2 devices: all-reduce 2 (N-1)/N = 1, all-gather (N-1)/N = 1/2.
+    assert total["sent"] == {"gradients": 224, "batch_norm": 216, "model_gather": 204,
+                             "model_all_reduce": 84}
+
+
+def test_mesh_layers_of_a_tiny_pair(tiny):
+    def rows(layers):
+        return [(r["path"], r["kind"], r["in"], r["out"], r["input_grad"]) for r in layers]
+
+    assert rows(tiny["g_layers"]) == [("generator/g8/kernel", "column", 4, 8, "never")]
+    # D's first Dense reads the images (a gradient only in the G update), its second a
+    # function of D's weights.
+    assert rows(tiny["d_layers"]) == [("discriminator/d6/kernel", "column", 4, 6, "input"),
+                                      ("discriminator/d1/kernel", "row", 6, 1, "weights")]
+    assert tiny["g_bn_split"] == [True] and tiny["d_bn_split"] == []
+    assert [r["flops"] for r in tiny["d_layers"]] == [2 * 4 * 6, 2 * 6 * 1]
+
+
+def test_mesh_messages_by_hand(tiny):
+    check_tiny_messages(tiny)
+
+
+def test_forgetting_the_split_fails_the_hand_check(tiny, monkeypatch):
+    # The same check against a cost model that all-reduces sharded gradients whole
+    # (no / M): it must not pass.
+    real = cost_model.mesh_device_costs
+
+    def no_split(costs):
+        out = real(costs)
+        return {**out, "g_params": costs["g_params"], "d_params": costs["d_params"]}
+
+    monkeypatch.setattr(cost_model, "mesh_device_costs", no_split)
+    with pytest.raises(AssertionError):
+        check_tiny_messages(tiny)
+
+
+def test_model_one_is_data_parallelism(dcgan_models, dcgan):
+    g, d = dcgan_models
+    costs = cost_model.mesh_network_costs(g, d, (28, 28, 1), 100, {"batch": 8, "model": 1},
+                                          costs=dcgan)
+    assert costs["g_layers"] == costs["d_layers"] == []
+    msgs = cost_model.mesh_step_messages(costs, {"batch": 8, "model": 1}, 32, d_steps=2)
+    assert msgs == {**cost_model.step_messages(dcgan, d_steps=2), "model_gather": [],
+                    "model_all_reduce": []}
+    link = {"gbit_per_s": 10, "latency_s": 2e-5, "flops_per_s": 5e13, "d_steps": 2}
+    mesh = cost_model.mesh_step_time(costs, dims={"batch": 8, "model": 1},
+                                     per_device_batch=32, **link)
+    flat = cost_model.step_time(dcgan, replicas=8, per_replica_batch=32, **link)
+    for key in flat:
+        assert mesh[key] == pytest.approx(flat[key]), key
+    assert mesh["model_comm_s"] == 0.0
+    assert mesh["params_per_device"] == 2_305_472 + 212_865
+
+
+def test_dcgan_on_a_model_axis(dcgan_models, dcgan):
+    g, d = dcgan_models
+    dims = {"batch": 4, "model": 2}
+    costs = cost_model.mesh_network_costs(g, d, (28, 28, 1), 100, dims, costs=dcgan)
+    # G's Dense [100, 7*7*256] is column-parallel, D's last Dense [6272, 1] row-parallel.
+    assert [(r["kind"], r["in"], r["out"]) for r in costs["g_layers"] + costs["d_layers"]] \
+        == [("column", 100, 12544), ("row", 6272, 1)]
+    msgs = cost_model.mesh_step_messages(costs, dims, 64)
+    assert msgs["gradients"] == [4 * (212_865 - 6272 // 2), 4 * (2_305_472 - 1_254_400 // 2)]
+    assert sorted(msgs["batch_norm"]) == sorted([8 * (2 * c + 1) for c in (6272, 128, 64)] * 3)
+    assert msgs["model_gather"] == [4 * 64 * 12544] * 2
+    # Overrides reach the plan: G's Dense replicated, only D's is split.
+    rep = cost_model.mesh_network_costs(g, d, (28, 28, 1), 100, dims,
+                                        overrides=[("generator/dense", "-,-")], costs=dcgan)
+    assert rep["g_layers"] == [] and rep["g_bn_split"] == [False, False, False]
+    with pytest.raises(ValueError, match="model=2"):
+        cost_model.mesh_step_messages(costs, {"batch": 2, "model": 4}, 64)
+
+
+def test_ring_gather_formula():
+    # (N-1) latency steps + (N-1)/N of the gathered tensor over the link.
+    t = cost_model.ring_gather_time_s([1e6], 4, gbit_per_s=8, latency_s=1e-5)
+    assert t == pytest.approx(3 * 1e-5 + 0.75 * 1e6 / 1e9)
+    assert cost_model.ring_gather_time_s([1e6], 1, 8, 1e-5) == 0.0
+
+
+# TOY with a column-parallel Dense [100, 1000] in G (200k FLOPs, 100k parameters) whose BN
+# follows it, on batch:4,model:2 (8 devices), 32 examples per device.
+TOY_MESH = {**TOY, "model_size": 2, "d_layers": [], "g_bn_split": [True], "d_bn_split": [],
+            "g_layers": [{"path": "g/dense/kernel", "kind": "column", "in": 100, "out": 1000,
+                          "positions": 1, "flops": 200_000, "input_grad": "never"}]}
+
+
+def test_mesh_step_time_by_hand():
+    dims = {"batch": 4, "model": 2}
+    args = {"dims": dims, "per_device_batch": 32, "gbit_per_s": 8, "latency_s": 1e-5}
+    t = cost_model.mesh_step_time(TOY_MESH, flops_per_s=1e12, **args)
+    # One device: G 900k FLOPs (the Dense's 200k / 2), 200k parameters, BN of 50 channels.
+    # 32 x (D update 0.9e6 + 6e6, G update 2.7e6 + 2e6) at 1e12 FLOP/s.
+    assert t["compute_s"] == pytest.approx(32 * 11.6e6 / 1e12)
+    # Over the 4 devices of "batch": 4 B x 125k (D), 4 B x 200k (G).
+    assert t["grad_comm_s"] == pytest.approx(D_GRAD + 6e-5 + 1.5 * 800_000 / 1e9)
+    assert t["bn_comm_s"] == pytest.approx(3 * (6e-5 + 1.5 * 8 * 101 / 1e9))
+    # Over the 2 devices of "model": G's output gathered in 2 forward passes, 4 B x 32 x
+    # 1000 each: 1 latency step + half of it over the link.
+    gathers = 2 * (1e-5 + 128_000 / 2 / 1e9)
+    assert t["model_comm_s"] == pytest.approx(gathers)
+    assert t["step_s"] == pytest.approx(
+        t["compute_s"] + t["grad_comm_s"] + t["bn_comm_s"] + gathers)
+    assert t["examples"] == 128
+    assert t["params_per_device"] == 200_000 + 125_000
+    # Efficiency: one device's FLOPs for the global batch (12e6 per example) over 8.
+    assert t["efficiency"] == pytest.approx(128 * 12e6 / 1e12 / 8 / t["step_s"])
+    # A faster model-axis link (80 Gbit/s, 1 us) prices only the model axis.
+    fast = cost_model.mesh_step_time(TOY_MESH, flops_per_s=1e12, model_gbit_per_s=80,
+                                     model_latency_s=1e-6, **args)
+    assert fast["model_comm_s"] == pytest.approx(2 * (1e-6 + 128_000 / 2 / 1e10))
+    assert fast["step_s"] - fast["model_comm_s"] == pytest.approx(t["step_s"] - gathers)
+
+
+def test_tool_prints_the_mesh_table():
+    proc = run_cmd(["tools/allreduce_cost.py", "--config=experiments/gauss2d.py",
+                    "--mesh=batch:8,model:1", "--mesh=batch:4,model:2",
+                    "--layout=discriminator/dense_5/kernel=-,-"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [ln.split(" | ") for ln in proc.stdout.splitlines() if ln.startswith("| batch")]
+    assert [r[0] for r in rows] == ["| batch:8,model:1 (8)", "| batch:4,model:2 (8)"]
+    assert [r[1] for r in rows] == ["256", "256"]  # 32 per device slot.
+    assert rows[0][7] == "0.00" and float(rows[1][7]) > 0  # Model-axis MB.
+    split = proc.stdout.split("split weights")[1].splitlines()[0]
+    assert "discriminator/dense_4/kernel column [2, 256]" in split
+    assert "discriminator/dense_5/kernel" not in split  # --layout replicated it.

@@ -10,6 +10,14 @@ links have --latency_us per ring step. Model-only levers (not implemented in the
 --accumulation_steps=K (micro-batches per optimizer update, one gradient all-reduce per
 update; --per_replica_batch is the micro-batch), --grad_bytes=2 (bfloat16 gradients),
 --packs=P --overlap (gradient all-reduce in P packs overlapping the backward pass).
+
+With --mesh (repeatable), the model axis instead: one row per DTensor mesh
+"batch:B,model:M" at global batch --global_batch (default: --per_replica_batch x B x M,
+the same for every mesh of as many devices), with the layout policy of
+tf_gan_scale/parallel/layouts.py and config.parallel.layouts (plus --layout=REGEX=SPEC):
+
+    python tools/allreduce_cost.py --config=experiments/dcgan_mnist.py --data_shape=28,28,1 \
+        --mesh=batch:8,model:1 --mesh=batch:4,model:2 --mesh=batch:2,model:4
 """
 
 import os
@@ -32,6 +40,12 @@ flags.DEFINE_integer("accumulation_steps", 1, "Micro-batches per optimizer updat
 flags.DEFINE_integer("grad_bytes", 4, "Bytes per all-reduced gradient value (model; 4 today).")
 flags.DEFINE_integer("packs", 1, "Packs per gradient all-reduce (model).")
 flags.DEFINE_boolean("overlap", False, "Packs overlap the backward pass (model).")
+flags.DEFINE_multi_string("mesh", [], "batch:B,model:M; repeat for one row per mesh (the "
+                          "model axis table instead of the data-parallel one).")
+flags.DEFINE_integer("global_batch", 0, "Global batch of the --mesh rows (0: "
+                     "--per_replica_batch x the mesh's devices).")
+flags.DEFINE_multi_string("layout", [], "REGEX=SPEC layout override (e.g. "
+                          "'/(gain|bias)/kernel=-,-'), after config.parallel.layouts.")
 FLAGS = flags.FLAGS
 
 BANDWIDTHS = (10, 25, 100, 400)
@@ -57,6 +71,8 @@ def main(argv):
                                **train_lib.model_options(config))
     costs = cost_model.network_costs(g, d, shape, config.model.latent_dim)
     d_steps = config.train.d_steps
+    if FLAGS.mesh:
+        return mesh_table(config, g, d, shape, costs)
     levers = {"accumulation_steps": FLAGS.accumulation_steps,
               "grad_bytes_per_param": FLAGS.grad_bytes, "packs": FLAGS.packs,
               "overlap": FLAGS.overlap}
@@ -95,6 +111,63 @@ def main(argv):
             e = [x["efficiency"] for x in times]
             cells += [f"{t * 1e3:.2f}", f"{e[0]:.1%} ({e[1]:.1%})"]
         print(f"| {bw} | " + " | ".join(cells) + " |")
+
+
+def mesh_table(config, g, d, shape, costs):
+    """The model-axis table: one row per --mesh at one global batch (cost_model.mesh_*)."""
+    from tf_gan_scale import cost_model
+    from tf_gan_scale.parallel import mesh as mesh_lib
+    meshes = [mesh_lib.parse(m) for m in FLAGS.mesh]
+    overrides = [tuple(o) for o in config.parallel.layouts]
+    for text in FLAGS.layout:
+        regex, sep, spec = text.rpartition("=")
+        if not sep or not regex:
+            raise errors.ConfigError(f"--layout={text!r}: valid: REGEX=SPEC, e.g. "
+                                     f"'generator/dense/kernel=model,-'")
+        overrides.append((regex, spec))
+    d_steps = config.train.d_steps
+    name = os.path.basename(config_flags.get_config_filename(FLAGS["config"]))
+    print(f"### {name}: {config.model.name}, data {shape}, d_steps {d_steps}, model axis\n")
+    print(f"- parameters: G {costs['g_params']:,}, D {costs['d_params']:,}; "
+          f"forward FLOPs/example: G {costs['g_flops']:,}, D {costs['d_flops']:,}")
+    print(f"- {FLAGS.tflops:g} TFLOP/s per device, ring latency "
+          f"{FLAGS.latency_us:g} us/step on both axes; layout overrides: "
+          f"{overrides or 'none'}")
+    rows, split = [], {}
+    for dims in meshes:
+        devices = dims["batch"] * dims["model"]
+        gb = FLAGS.global_batch or FLAGS.per_replica_batch * devices
+        if gb % dims["batch"]:
+            raise errors.ConfigError(f"--global_batch={gb} does not split over "
+                                     f"batch={dims['batch']}")
+        c = cost_model.mesh_network_costs(g, d, shape, config.model.latent_dim, dims,
+                                          overrides, costs=costs)
+        for rec in c["g_layers"] + c["d_layers"]:
+            split.setdefault(rec["path"], f"{rec['kind']} [{rec['in']}, {rec['out']}]")
+        b = gb // dims["batch"]
+        size = cost_model.mesh_step_bytes(c, dims, b, d_steps)
+        times = [cost_model.mesh_step_time(
+            c, dims=dims, per_device_batch=b, gbit_per_s=bw,
+            latency_s=FLAGS.latency_us * 1e-6, flops_per_s=FLAGS.tflops * 1e12,
+            d_steps=d_steps) for bw in BANDWIDTHS]
+        msg, sent = size["messages"], size["sent"]
+        t = times[0]
+        rows.append([f"batch:{dims['batch']},model:{dims['model']} ({devices})", f"{gb}",
+                     f"{t['params_per_device'] / 1e6:.2f}", f"{b}",
+                     f"{t['compute_s'] * 1e3:.2f}", f"{msg['gradients'] / 1e6:.2f}",
+                     f"{msg['batch_norm'] / 1e3:.1f}",
+                     f"{(msg['model_gather'] + msg['model_all_reduce']) / 1e6:.2f}",
+                     f"{sum(sent.values()) / 1e6:.2f}"]
+                    + [f"{x['step_s'] * 1e3:.2f} ({x['efficiency']:.1%})" for x in times])
+    print(f"- split weights (first mesh that splits each): "
+          f"{'; '.join(f'{k} {v}' for k, v in split.items()) or 'none'}\n")
+    print("| mesh (devices) | global batch | weights/device (millions) | examples/device | "
+          "compute ms | "
+          "gradients MB | BN kB | model axis MB | sent MB | "
+          + " | ".join(f"step ms (eff.) @{bw} Gbit/s" for bw in BANDWIDTHS) + " |")
+    print("|" + "---|" * (9 + len(BANDWIDTHS)))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
