@@ -80,17 +80,22 @@ def samples_of(workdir, out):
 
 
 class Launcher:
-    """tools/launch_local.py running a training command; its output goes to a file."""
+    """tools/launch_local.py running a training command; its output goes to a file.
+    With `mesh` ("batch:B,model:M"), the workers are DTensor clients of one mesh
+    (launch_local --mesh), else multi-worker (--strategy=multi_worker_mirrored)."""
 
     def __init__(self, tmp_path, train_args, *, num_workers=2, devices_per_worker=1,
-                 max_restarts=0, grace_s=60, name="launch"):
+                 max_restarts=0, grace_s=60, name="launch", mesh=None):
         self.log = tmp_path / f"{name}.log"
         self._file = open(self.log, "w")
+        mode = ([f"--mesh={mesh}"], []) if mesh else ([], ["--strategy=multi_worker_mirrored"])
+        # How a worker's environment names its index: TF_CONFIG's task, DTensor's client.
+        self._index = "DTENSOR_CLIENT_ID={}\0" if mesh else '"index": {}}}'
         self.proc = subprocess.Popen(
             [sys.executable, "tools/launch_local.py", f"--num_workers={num_workers}",
              f"--devices_per_worker={devices_per_worker}", f"--max_restarts={max_restarts}",
-             f"--grace_s={grace_s}", "--", sys.executable, "-m", "tf_gan_scale.main",
-             "--strategy=multi_worker_mirrored", *train_args],
+             f"--grace_s={grace_s}", *mode[0], "--", sys.executable, "-m",
+             "tf_gan_scale.main", *mode[1], *train_args],
             cwd=REPO, env=ENV, stdout=self._file, stderr=subprocess.STDOUT,
             start_new_session=True)
 
@@ -119,7 +124,7 @@ class Launcher:
                 continue
             if ppid == self.proc.pid:
                 for index in range(64):
-                    if f'"index": {index}}}'.encode() in env:
+                    if self._index.format(index).encode() in env:
                         pids[index] = int(pid)
         return pids
 

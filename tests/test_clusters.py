@@ -57,8 +57,7 @@ def test_sbatch_example_runs_the_slurm_resolver_with_its_layout():
     nodes = int(re.search(r"#SBATCH --nodes=(\d+)", text).group(1))
     per_node = int(re.search(r"#SBATCH --ntasks-per-node=(\d+)", text).group(1))
     assert (nodes, per_node) == (2, 2)  # = SLURM_2x2 above.
-    srun = " ".join(text.split("srun", 1)[1].replace("\\\n", " ").split())
-    assert "--strategy=multi_worker_mirrored --cluster_resolver=slurm" in srun
+    assert "--strategy=multi_worker_mirrored --cluster_resolver=slurm" in text
     default = re.search(r"CONFIG=\$\{CONFIG:-(\S+)\}", text).group(1)
     assert open(f"{REPO}/{default}")  # The config it names exists.
 
@@ -69,7 +68,7 @@ def sbatch_srun_args(tmp_path, *args, **env):
     fake.parent.mkdir(exist_ok=True)
     fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
     fake.chmod(0o755)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("CONFIG", "WORKDIR")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("CONFIG", "WORKDIR", "MESH")}
     full_env.update(env, PATH=f"{fake.parent}:{os.environ['PATH']}")
     proc = subprocess.run(["bash", SBATCH, *args], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=60)
@@ -95,6 +94,15 @@ def test_sbatch_config_is_chosen_by_argument_or_environment(tmp_path, args, env,
     assert os.path.isfile(f"{REPO}/{config}")
     argv = sbatch_srun_args(tmp_path, *args, WORKDIR="/shared/run", **env)
     assert "--workdir=/shared/run" in argv
+
+
+def test_sbatch_runs_a_dtensor_mesh_when_asked(tmp_path):
+    # Every task a DTensor client; the binary derives DTENSOR_* from the Slurm variables
+    # (tests/test_parallel_clients.py), so no strategy flag.
+    argv = sbatch_srun_args(tmp_path, "experiments/digits.py", MESH="batch:2,model:2")
+    assert argv[argv.index("python"):] == [
+        "python", "-m", "tf_gan_scale.main", "--mesh=batch:2,model:2",
+        "--config=experiments/digits.py", f"--workdir={REPO}/runs/digits_slurm"]
 
 
 def test_kubernetes_manifest_gives_each_pod_its_tf_config():

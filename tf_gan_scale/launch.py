@@ -3,7 +3,9 @@
     rc = launch(["python", "-m", "tf_gan_scale.main", ...], num_workers=2)
 
 Each worker gets TF_CONFIG for a cluster of `num_workers` tasks on free loopback ports and
-its own log prefix (`[worker i] `). The group lives and dies together:
+its own log prefix (`[worker i] `); with `mesh="batch:B,model:M"`, the DTENSOR_* variables
+of one DTensor client each instead, and `--mesh=...` after its command (a mesh run over
+all workers' devices, tf_gan_scale/parallel/). The group lives and dies together:
   * a worker exiting non-zero (a crash, or 143 after a preemption checkpoint) ends the
     group: the others get `grace_s` to exit on their own (a peer failure reaches them
     through the collectives), then SIGKILL;
@@ -62,12 +64,14 @@ def num_local_gpus():
 
 
 def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.0.1",
-                    ports=None):
+                    ports=None, mesh=None):
     """[(argv, env_updates)] for each worker.
 
     Devices: with GPUs, worker i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES;
     on CPU with K > 1 each worker gets `--num_cpu_devices=K` (our binaries' flag), i.e.
     K logical CPU replicas per worker.
+    mesh: "batch:B,model:M" for a DTensor mesh over all workers' devices (B x M must be
+    num_workers x K): DTENSOR_* variables instead of TF_CONFIG, `--mesh=...` appended.
     """
     if num_workers < 1:
         raise ValueError(f"--num_workers must be >= 1; Received: {num_workers}")
@@ -77,6 +81,12 @@ def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.
         raise ValueError(f"--num_workers={num_workers} x --devices_per_worker="
                          f"{devices_per_worker} needs {num_workers * devices_per_worker} "
                          f"GPUs; this machine has {num_gpus}")
+    if mesh is not None:
+        from tf_gan_scale.parallel import mesh as mesh_lib  # No TensorFlow import.
+        if any(a.startswith("--mesh") for a in cmd):
+            raise ValueError(f"--mesh={mesh} and a --mesh in the command; give it once")
+        mesh_lib.check(mesh_lib.parse(mesh), num_workers * devices_per_worker,
+                       f"devices ({num_workers} workers x {devices_per_worker})")
     ports = ports or free_ports(num_workers, host)
     hosts = [f"{host}:{p}" for p in ports]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -84,8 +94,10 @@ def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.
                else [str(i) for i in range(num_gpus)])
     out = []
     for i in range(num_workers):
-        env = {"TF_CONFIG": tf_config(hosts, i)}
-        argv = list(cmd)
+        if mesh is None:
+            env, argv = {"TF_CONFIG": tf_config(hosts, i)}, list(cmd)
+        else:
+            env, argv = mesh_lib.client_env(hosts, i), list(cmd) + [f"--mesh={mesh}"]
         if num_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 gpu_ids[i * devices_per_worker:(i + 1) * devices_per_worker])
@@ -153,7 +165,7 @@ def _exit_code(rc):
 
 
 def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30.0,
-           num_gpus=None, out=None, poll_s=0.1):
+           num_gpus=None, out=None, poll_s=0.1, mesh=None):
     """Runs `cmd` as `num_workers` local workers; returns the exit code for the launcher.
 
     0 when every worker of an attempt exits 0; otherwise the first failing worker's code
@@ -181,7 +193,8 @@ def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30
     try:
         rc = 0
         for attempt in range(max_restarts + 1):
-            commands = worker_commands(cmd, num_workers, devices_per_worker, num_gpus)
+            commands = worker_commands(cmd, num_workers, devices_per_worker, num_gpus,
+                                       mesh=mesh)
             say(f"attempt {attempt + 1}/{max_restarts + 1}: starting {num_workers} workers: "
                 f"{' '.join(os.path.basename(a) if k == 0 else a for k, a in enumerate(commands[0][0]))}")
             group = _Group(commands, out, lock)

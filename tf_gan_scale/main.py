@@ -9,8 +9,9 @@
 
 One --config file per run (a second one is bad input); --strategy=auto trains on every task
 of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py). --mesh (or
-config.parallel.mesh) trains on a DTensor mesh of this process's devices instead
-(tf_gan_scale/parallel/); it excludes the tf.distribute flags. Checkpoints are the same
+config.parallel.mesh) trains on a DTensor mesh instead (tf_gan_scale/parallel/): of
+this process's devices, or of every process of a cluster that DTENSOR_JOBS, TF_CONFIG or a
+Slurm job step describes (one DTensor client each); it excludes the tf.distribute flags. Checkpoints are the same
 either way: a run resumes on the other.
 
 Re-running the same command on the same workdir resumes from the latest checkpoint.
@@ -60,16 +61,11 @@ _STRATEGY_FLAGS = ("strategy", "num_gpus", "tpu", "collective", "cluster_resolve
 
 
 def _check_mesh_flags(spec):
-    """One-line ConfigError if a mesh run got a tf.distribute flag or a cluster."""
+    """One-line ConfigError if a mesh run got a tf.distribute flag."""
     given = [f"--{name}={FLAGS[name].value}" for name in _STRATEGY_FLAGS if FLAGS[name].present]
     if given:
         raise errors.ConfigError(f"--mesh={spec} cannot be combined with {', '.join(given)}; "
                                  f"valid: a mesh (with --num_cpu_devices) or those flags")
-    for var in ("TF_CONFIG", "DTENSOR_JOBS"):
-        if os.environ.get(var):
-            raise errors.ConfigError(f"--mesh={spec} with {var} set: meshes over several "
-                                     f"processes are not supported yet; valid: one process "
-                                     f"(unset {var}) or a tf.distribute strategy")
 
 
 def main(argv):
@@ -84,10 +80,12 @@ def main(argv):
         from tf_gan_scale.parallel import mesh as mesh_lib
         _check_mesh_flags(spec)
         dims = mesh_lib.parse(spec)
-        distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
-        from tf_gan_scale import train_lib
-        _stop_on_non_finite(lambda: train_lib.run_mesh(
-            config, FLAGS.workdir, dims, tfds_data_dir=FLAGS.tfds_data_dir))
+        # Like MultiWorkerMirroredStrategy: before any other TensorFlow op. Joins the
+        # other DTensor clients when DTENSOR_JOBS, TF_CONFIG or a Slurm step name some.
+        mesh_lib.initialize(FLAGS.num_cpu_devices)
+        from tf_gan_scale.parallel import training
+        _train(lambda: training.run(config, FLAGS.workdir, dims,
+                                    tfds_data_dir=FLAGS.tfds_data_dir), mesh_lib.cluster())
         return
     # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
@@ -96,10 +94,16 @@ def main(argv):
         cluster_resolver=FLAGS.cluster_resolver, peer_timeout_s=FLAGS.peer_timeout_s,
         num_cpu_devices=FLAGS.num_cpu_devices)
     from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
+    _train(lambda: train_lib.run(config, FLAGS.workdir, strategy,
+                                 tfds_data_dir=FLAGS.tfds_data_dir), strategy)
+
+
+def _train(train, strategy):
+    """Runs train(); a lost peer or another unavailable / aborted / deadline error exits 1
+    with one line (`strategy`: what names the peers, see distribute.abort_message)."""
     import tensorflow as tf
     try:
-        _stop_on_non_finite(lambda: train_lib.run(
-            config, FLAGS.workdir, strategy, tfds_data_dir=FLAGS.tfds_data_dir))
+        _stop_on_non_finite(train)
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.DeadlineExceededError) as e:
         # A lost peer aborts this worker's collectives with one of these types, but so can

@@ -437,13 +437,16 @@ def _first_images(source, num):
 
 
 def _callbacks(config, source, strategy, checkpoint, out_dir, chief, start, verbose,
-               score=None, workdir=None):
+               score=None, workdir=None, manager_fn=tf.train.CheckpointManager):
     """The run's callbacks: stop, checkpoints, preemption; on the chief samples,
-    TensorBoard and the progress line; scores on every worker."""
+    TensorBoard and the progress line; scores on every worker.
+
+    strategy: what Preemption reads of the cluster (its `cluster_resolver`, if any).
+    manager_fn(checkpoint, directory, max_to_keep): the checkpoint managers' type."""
     t = config.train
     os.makedirs(out_dir, exist_ok=True)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "checkpoints"),
-                                         max_to_keep=t.keep_checkpoints)
+    manager = manager_fn(checkpoint, os.path.join(out_dir, "checkpoints"),
+                         max_to_keep=t.keep_checkpoints)
     cbs = [callbacks.StopAtStep(t.num_steps), callbacks.Checkpoint(manager, t.checkpoint_every),
            callbacks.Preemption(strategy, manager)]
     writer = None
@@ -462,7 +465,7 @@ def _callbacks(config, source, strategy, checkpoint, out_dir, chief, start, verb
             config.eval.every, score, writer=writer,
             path=os.path.join(out_dir, "metrics.jsonl") if chief else None,
             history=os.path.join(workdir, "metrics.jsonl"),
-            best=config.eval.best, best_manager=tf.train.CheckpointManager(
+            best=config.eval.best, best_manager=manager_fn(
                 checkpoint, os.path.join(out_dir, "checkpoints", "best"), max_to_keep=1)))
     # Keras "epochs" are blocks of log_every steps. Keras' bar would show every block as
     # log_every steps (also a short last one or a resumed first one): ours counts steps.
@@ -483,97 +486,3 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
     model.fit(data.distribute(dataset, strategy), initial_epoch=first_epoch, epochs=last_epoch,
               steps_per_epoch=per_epoch, callbacks=cbs, verbose=0, shuffle=False)
     logging.info("finished at step %d", int(model.step.numpy()))
-
-
-# ---- model / hybrid parallelism on a DTensor mesh (tf_gan_scale/parallel/) -------------
-
-def _check_mesh_config(config):
-    """What the mesh cannot run yet, from the config alone (before data is read): one
-    ConfigError naming every such setting. MeshTrainer checks the built GAN again."""
-    t, m = config.train, config.model
-    ema = (t.get("ema") or {}).get("decay", 0.0)
-    bad = {
-        f"train.precision={t.get('precision', 'float32')!r}":
-            t.get("precision", "float32") != "float32",
-        f"train.jit_compile={t.get('jit_compile', 'auto')!r}": jit_compile(
-            t.get("jit_compile", "auto")),
-        f"train.accumulation_steps={t.get('accumulation_steps', 1)}":
-            t.get("accumulation_steps", 1) != 1,
-        f"train.penalty={t.penalty!r}": t.penalty != "none",
-        f"train.lecam_weight={t.get('lecam_weight', 0.0)}": bool(t.get("lecam_weight")),
-        f"train.ema.decay={ema}": bool(ema),
-        # Batch norm on a mesh is over the global batch (DTensor's SPMD moments).
-        f"model.sync_bn={m.get('sync_bn', True)}": not m.get("sync_bn", True),
-        f"model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}":
-            bool(m.get("sync_bn_group_size", 0)),
-    }
-    bad = [k for k, on in bad.items() if on]
-    if bad:
-        raise errors.ConfigError(
-            f"not supported on a mesh yet: config.{', config.'.join(bad)}; valid: float32, "
-            f"no XLA, accumulation, penalty, LeCam or EMA, global batch norm -- or train "
-            f"without a mesh (tf.distribute)")
-
-
-def run_mesh(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
-    """`run` on a DTensor mesh of dims {"batch": B, "model": M} (this process's devices):
-    the same config, data order, checkpoints and workdir, so a run moves between a mesh
-    and tf.distribute by resuming. G's and D's weights are split by the layout policy
-    (parallel/layouts.py, config.parallel.layouts); each step is MeshTrainer's. Samples
-    and scores come from a host copy of G (step.HostView).
-
-    Returns:
-        The MeshTrainer after training.
-    """
-    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
-    t = config.train
-    mesh = mesh_lib.make(dims)  # First: a mesh that does not fit the devices.
-    validate(config, dims[mesh_lib.BATCH])  # The global batch splits over "batch".
-    _check_mesh_config(config)
-    source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
-    strategy = tf.distribute.get_strategy()  # The default one: nothing is mirrored.
-    model = build_gan(config, source.shape, source.num_classes)
-    checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
-    # Restored into the plain variables, then moved onto the mesh: a checkpoint is the
-    # same whichever topology wrote it.
-    restored = restore(os.path.join(workdir, "checkpoints"), checkpoint)
-    start = int(model.step.numpy())
-    nets = (model.generator, model.discriminator)
-    plan = layouts.plan(nets, dims, tuple(tuple(o) for o in config.parallel.layouts))
-    trainer = step_lib.MeshTrainer(model, mesh, plan)
-    host_g, _ = build_networks(config, source.shape, model.num_classes)
-    view = step_lib.HostView(trainer, host_g)
-    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
-                                seed=config.seed, start_batch=start * t.d_steps)
-    score = None
-    if config.get("eval") is not None and config.eval.every > 0:
-        score = make_scorer(config, view, source, strategy)
-    # --- nothing above wrote to the workdir -------------------------------------------
-    split = sum(any(spec) for spec in plan.values())
-    logging.info("%s at step %d of %d; mesh batch:%d,model:%d (%s), %d of %d weights "
-                 "split, global batch %d, data %s (%d examples)",
-                 f"resumed {restored}" if restored else "starting", start, t.num_steps,
-                 dims[mesh_lib.BATCH], dims[mesh_lib.MODEL], mesh.device_type(), split,
-                 len(plan), t.global_batch_size, source.name, source.num_examples)
-    if start >= t.num_steps:
-        logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
-        return trainer
-    cbs = _callbacks(config, source, strategy, checkpoint, workdir, True, start, verbose,
-                     score, workdir)
-    for cb in cbs:
-        cb.set_model(view)
-    for cb in cbs:
-        cb.on_train_begin()
-    batches = iter(dataset)
-    # One GAN step per iteration (d_steps global batches); the callbacks see each step,
-    # as Keras' fit with one step per call.
-    while trainer.step < t.num_steps and not view.stop_training:
-        feed = [trainer.batch(b["x"], b["label"])
-                for b in (next(batches) for _ in range(t.d_steps))]
-        d_loss, g_loss = trainer.train_step(feed)
-        for cb in cbs:
-            cb.on_train_batch_end(trainer.step - 1, {"d_loss": d_loss, "g_loss": g_loss})
-    for cb in cbs:
-        cb.on_train_end()
-    logging.info("finished at step %d", trainer.step)
-    return trainer

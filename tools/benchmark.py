@@ -159,8 +159,8 @@ class MeshRun:
 
     def __init__(self, config, source, dataset, spec):
         from tf_gan_scale import train_lib
-        from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
-        train_lib._check_mesh_config(config)
+        from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib, training
+        training.check_config(config)
         self.dims = mesh_lib.parse(spec)
         mesh = mesh_lib.make(self.dims)
         gan = train_lib.build_gan(config, source.shape, source.num_classes)

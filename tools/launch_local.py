@@ -11,6 +11,12 @@ are ended and the launcher exits non-zero, after restarting the group up to
 --max_restarts times (the training command resumes from its latest checkpoint).
 With --devices_per_worker=K each worker gets K GPUs (CUDA_VISIBLE_DEVICES) or, on CPU,
 `--num_cpu_devices=K` appended to its command. See tf_gan_scale/launch.py.
+
+A DTensor mesh over all workers (model / hybrid parallelism, one DTensor client per
+worker; B x M = workers x devices per worker):
+
+    python tools/launch_local.py --num_workers=2 --mesh=batch:1,model:2 -- \
+        python -m tf_gan_scale.main --config=experiments/digits.py --workdir=/tmp/digits_mc
 """
 
 import sys
@@ -23,6 +29,8 @@ flags.DEFINE_integer("num_workers", None, "Number of worker processes.")
 flags.DEFINE_integer("devices_per_worker", 1, "GPUs (or logical CPUs) per worker.")
 flags.DEFINE_integer("max_restarts", 0, "Restart the whole group this many times on failure.")
 flags.DEFINE_float("grace_s", 30.0, "Seconds workers get to exit before SIGKILL.")
+flags.DEFINE_string("mesh", None, "batch:B,model:M: start the workers as DTensor clients "
+                    "of one mesh (DTENSOR_* instead of TF_CONFIG; --mesh added to the command).")
 FLAGS = flags.FLAGS
 
 
@@ -38,12 +46,12 @@ def main(argv):
     num_gpus = launch.num_local_gpus()
     try:  # Bad counts fail here, on one line, before any worker starts.
         launch.worker_commands(cmd, FLAGS.num_workers, FLAGS.devices_per_worker, num_gpus,
-                               ports=[0] * FLAGS.num_workers)
+                               ports=[0] * FLAGS.num_workers, mesh=FLAGS.mesh)
     except ValueError as e:
         raise errors.ConfigError(str(e)) from None
     sys.exit(launch.launch(cmd, FLAGS.num_workers, devices_per_worker=FLAGS.devices_per_worker,
                            max_restarts=FLAGS.max_restarts, grace_s=FLAGS.grace_s,
-                           num_gpus=num_gpus))
+                           num_gpus=num_gpus, mesh=FLAGS.mesh))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""run(config, workdir, dims): a training run on a DTensor mesh, in one process or as one
+of several DTensor clients (mesh.initialize), resumable like train_lib.run.
+
+The same config, data order, checkpoints and workdir as train_lib.run, so a run moves
+between a mesh and tf.distribute by resuming. G's and D's weights are split by the layout
+policy (layouts.py, config.parallel.layouts); each step is MeshTrainer's; samples and
+scores come from a host copy of G (step.HostView).
+
+Several clients: every client runs this same loop on the same global batches (each reads
+the whole batch from the input pipeline and keeps its own rows); what communicates
+(steps, checkpoints, the host copy of G) runs on all clients in the same order. Client 0
+is the chief and alone writes the workdir: run.json, samples, TensorBoard, metrics and the
+checkpoint index. A checkpoint is one DTensor save that every client takes part in (each
+writes the shards it holds, the chief merges them), so the workdir must be one shared
+directory, as for multi-worker runs (it is read back by every client on resume).
+"""
+
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from tf_gan_scale import callbacks, data, errors, train_lib
+from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+
+
+def check_config(config):
+    """What the mesh cannot run yet, from the config alone (before data is read): one
+    ConfigError naming every such setting. MeshTrainer checks the built GAN again."""
+    t, m = config.train, config.model
+    ema = (t.get("ema") or {}).get("decay", 0.0)
+    bad = {
+        f"train.precision={t.get('precision', 'float32')!r}":
+            t.get("precision", "float32") != "float32",
+        f"train.jit_compile={t.get('jit_compile', 'auto')!r}": train_lib.jit_compile(
+            t.get("jit_compile", "auto")),
+        f"train.accumulation_steps={t.get('accumulation_steps', 1)}":
+            t.get("accumulation_steps", 1) != 1,
+        f"train.penalty={t.penalty!r}": t.penalty != "none",
+        f"train.lecam_weight={t.get('lecam_weight', 0.0)}": bool(t.get("lecam_weight")),
+        f"train.ema.decay={ema}": bool(ema),
+        # Batch norm on a mesh is over the global batch (DTensor's SPMD moments).
+        f"model.sync_bn={m.get('sync_bn', True)}": not m.get("sync_bn", True),
+        f"model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}":
+            bool(m.get("sync_bn_group_size", 0)),
+    }
+    bad = [k for k, on in bad.items() if on]
+    if bad:
+        raise errors.ConfigError(
+            f"not supported on a mesh yet: config.{', config.'.join(bad)}; valid: float32, "
+            f"no XLA, accumulation, penalty, LeCam or EMA, global batch norm -- or train "
+            f"without a mesh (tf.distribute)")
+
+
+class SharedCheckpoints:
+    """A non-chief client's side of a tf.train.CheckpointManager: `save` writes this
+    client's shards of the checkpoint the chief saves at the same step and path (a
+    DTensor save is collective), and records nothing (the chief keeps the index and
+    removes old checkpoints)."""
+
+    def __init__(self, checkpoint, directory, max_to_keep=None):
+        del max_to_keep  # The chief's manager keeps count.
+        self.checkpoint, self.directory = checkpoint, directory
+        self.latest_checkpoint = None
+
+    def save(self, checkpoint_number):
+        path = os.path.join(self.directory, f"ckpt-{int(checkpoint_number)}")
+        self.latest_checkpoint = self.checkpoint.write(path)
+        return self.latest_checkpoint
+
+
+class SyncHost(callbacks._Every):
+    """Refreshes the host copy of G (`HostView.sampler`, a gather over the mesh) at the
+    steps the chief's sample grids do: on a client that draws none, so that every client
+    takes part in the same gathers."""
+
+    at_end = True
+
+    def fire(self, step, logs):
+        self.model.sampler  # noqa: B018 -- the read is the refresh.
+
+
+def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
+    """Trains (or resumes) to config.train.num_steps on a mesh of dims {"batch": B,
+    "model": M} over this process's devices, or every client's (mesh.initialize).
+
+    Returns:
+        The MeshTrainer after training.
+    """
+    t = config.train
+    mesh = mesh_lib.make(dims)  # First: a mesh that does not fit the devices.
+    train_lib.validate(config, dims[mesh_lib.BATCH])  # The global batch splits over "batch".
+    check_config(config)
+    client, num_clients = mesh_lib.clients()
+    chief = client == 0
+    source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
+    strategy = tf.distribute.get_strategy()  # The default one: nothing is mirrored.
+    model = train_lib.build_gan(config, source.shape, source.num_classes)
+    checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
+    # Restored into the plain variables, then moved onto the mesh: a checkpoint is the
+    # same whichever topology wrote it.
+    restored = train_lib.restore(os.path.join(workdir, "checkpoints"), checkpoint)
+    start = int(model.step.numpy())
+    nets = (model.generator, model.discriminator)
+    plan = layouts.plan(nets, dims, tuple(tuple(o) for o in config.parallel.layouts))
+    trainer = step_lib.MeshTrainer(model, mesh, plan)
+    host_g, _ = train_lib.build_networks(config, source.shape, model.num_classes)
+    view = step_lib.HostView(trainer, host_g)
+    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
+                                seed=config.seed, start_batch=start * t.d_steps)
+    score = None
+    if config.get("eval") is not None and config.eval.every > 0:
+        score = train_lib.make_scorer(config, view, source, strategy, chief=chief)
+    # --- nothing above wrote to the workdir -------------------------------------------
+    split = sum(any(spec) for spec in plan.values())
+    logging.info("%s at step %d of %d; mesh batch:%d,model:%d (%s, %d process%s), %d of "
+                 "%d weights split, global batch %d, data %s (%d examples)",
+                 f"resumed {restored}" if restored else "starting", start, t.num_steps,
+                 dims[mesh_lib.BATCH], dims[mesh_lib.MODEL], mesh.device_type(),
+                 num_clients, "es" if num_clients > 1 else "", split, len(plan),
+                 t.global_batch_size, source.name, source.num_examples)
+    if start >= t.num_steps:
+        logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
+        return trainer
+    cbs = train_lib._callbacks(
+        config, source, mesh_lib.cluster(), checkpoint, workdir, chief, start, verbose,
+        score, workdir, manager_fn=tf.train.CheckpointManager if chief else SharedCheckpoints)
+    if not chief:  # The chief's sample grids refresh the host copy of G at these steps.
+        cbs.append(SyncHost(t.sample_every))
+    for cb in cbs:
+        cb.set_model(view)
+    for cb in cbs:
+        cb.on_train_begin()
+    batches = iter(dataset)
+    # One GAN step per iteration (d_steps global batches); the callbacks see each step,
+    # as Keras' fit with one step per call.
+    while trainer.step < t.num_steps and not view.stop_training:
+        feed = [trainer.batch(b["x"], b["label"])
+                for b in (next(batches) for _ in range(t.d_steps))]
+        d_loss, g_loss = trainer.train_step(feed)
+        for cb in cbs:
+            cb.on_train_batch_end(trainer.step - 1, {"d_loss": d_loss, "g_loss": g_loss})
+    for cb in cbs:
+        cb.on_train_end()
+    logging.info("finished at step %d", trainer.step)
+    return trainer
