@@ -1,8 +1,8 @@
 """One device vs a DTensor mesh: the same GAN, seed and global batches, max weight gap.
 
 Run in-process (the suite's 2 logical CPUs) or as a script for other device counts:
-    python tests/mesh_helpers.py DEVICES MESH ARCH OPTIMIZER [STEPS] [fused]
-prints {"max_diff": ..., "d_loss": [ref, mesh], "g_loss": [ref, mesh]} as JSON.
+    python tests/mesh_helpers.py DEVICES MESH ARCH OPTIMIZER [STEPS] [fused] [convs]
+prints {"max_diff": ..., "d_loss": [ref, mesh], "g_loss": [ref, mesh], ...} as JSON.
 """
 
 import json
@@ -39,11 +39,13 @@ def config(arch, optimizer, d_steps=1):
 
 
 def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0,
-                d_steps=1):
+                d_steps=1, convs=False):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
     fused=True runs D's and G's mesh updates in ONE tf.function (the stale-weights bug);
-    lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does)."""
+    lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
+    convs=True splits every convolution the model axis divides (the policy's size
+    threshold at 0): "split_convs" counts them."""
     import numpy as np
     import tensorflow as tf
     from tf_gan_scale import data, train_lib
@@ -65,7 +67,13 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
         feed = [{"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)} for x in xs]
         out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
     dims = mesh_lib.parse(spec)
-    plan = layouts.plan((mesh_gan.generator, mesh_gan.discriminator), dims)
+    threshold = layouts.CONV_SPLIT_MIN_PARAMS
+    try:
+        layouts.CONV_SPLIT_MIN_PARAMS = 0 if convs else threshold
+        plan = layouts.plan((mesh_gan.generator, mesh_gan.discriminator), dims)
+    finally:
+        layouts.CONV_SPLIT_MIN_PARAMS = threshold
+    split_convs = sum(1 for p, s in plan.items() if "conv" in p and any(s))
     trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
     if fused:
         @tf.function
@@ -92,7 +100,8 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
             diff = max(diff, float(np.abs(a.numpy().astype(np.float64)
                                           - layouts.gather(b).astype(np.float64)).max()))
     return {"max_diff": diff, "d_loss": [float(out["d_loss"]), d_loss],
-            "g_loss": [float(out["g_loss"]), g_loss], "step": trainer.step}
+            "g_loss": [float(out["g_loss"]), g_loss], "step": trainer.step,
+            "split_convs": split_convs}
 
 
 if __name__ == "__main__":
@@ -101,8 +110,8 @@ if __name__ == "__main__":
     from tf_gan_scale import distribute
     distribute.configure_cpu_devices(int(sys.argv[1]))
     args = sys.argv[2:]
-    fused = "fused" in args
-    args = [a for a in args if a != "fused"]
+    fused, convs = "fused" in args, "convs" in args
+    args = [a for a in args if a not in ("fused", "convs")]
     spec, arch, optimizer = args[:3]
     steps = int(args[3]) if len(args) > 3 else 10
-    print(json.dumps(equivalence(spec, arch, optimizer, steps, fused)))
+    print(json.dumps(equivalence(spec, arch, optimizer, steps, fused, convs=convs)))

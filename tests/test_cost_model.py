@@ -286,6 +286,7 @@ def test_ring_gather_formula():
 # follows it, on batch:4,model:2 (8 devices), 32 examples per device.
 TOY_MESH = {**TOY, "model_size": 2, "d_layers": [], "g_bn_split": [True], "d_bn_split": [],
             "g_layers": [{"path": "g/dense/kernel", "kind": "column", "in": 100, "out": 1000,
+                          "params": 100_000, "in_values": 100, "out_values": 1000,
                           "positions": 1, "flops": 200_000, "input_grad": "never"}]}
 
 
@@ -328,3 +329,41 @@ def test_tool_prints_the_mesh_table():
     split = proc.stdout.split("split weights")[1].splitlines()[0]
     assert "discriminator/dense_4/kernel column [2, 256]" in split
     assert "discriminator/dense_5/kernel" not in split  # --layout replicated it.
+
+
+def test_split_convolutions_by_hand(monkeypatch):
+    # Every kernel split (the policy's size threshold at 0): G's Dense [4, 16] and
+    # transposed conv [3, 3, out 2, in 4] (2x2 -> 4x4), D's conv [3, 3, in 2, out 4]
+    # (4x4 -> 2x2) column-parallel, D's Dense [16, 1] row-parallel.
+    from tf_gan_scale.parallel import layouts
+    monkeypatch.setattr(layouts, "CONV_SPLIT_MIN_PARAMS", 0)
+    layers = keras.layers
+    g = keras.Sequential([keras.Input((4,)), layers.Dense(16, use_bias=False, name="g16"),
+                          layers.Reshape((2, 2, 4)),
+                          layers.Conv2DTranspose(2, 3, strides=2, padding="same",
+                                                 use_bias=False, name="gt")], name="generator")
+    d = keras.Sequential([keras.Input((4, 4, 2)),
+                          layers.Conv2D(4, 3, strides=2, padding="same", name="dc"),
+                          layers.Flatten(), layers.Dense(1, name="d1")], name="discriminator")
+    costs = cost_model.mesh_network_costs(g, d, (4, 4, 2), 4, MESH)
+
+    def rows(recs):
+        return [(r["path"].split("/")[1], r["kind"], r["in"], r["out"], r["params"],
+                 r["in_values"], r["out_values"], r["flops"], r["input_grad"]) for r in recs]
+
+    # FLOPs: 2 x 9 taps x in x out per output position (conv: 2x2) or per input position
+    # (transposed: 2x2).
+    assert rows(costs["g_layers"]) == [("g16", "column", 4, 16, 64, 4, 16, 128, "never"),
+                                       ("gt", "column", 4, 2, 72, 16, 32, 576, "weights")]
+    assert rows(costs["d_layers"]) == [("dc", "column", 2, 4, 72, 32, 16, 576, "input"),
+                                       ("d1", "row", 16, 1, 16, 16, 1, 32, "weights")]
+    local = cost_model.mesh_device_costs(costs)
+    assert (local["g_params"], local["d_params"]) == (136 // 2, 93 - 88 + 88 // 2)
+    msgs = cost_model.mesh_step_messages(costs, MESH, per_device_batch=3)
+    # D update: G forward gathers both outputs (3 x 16, 3 x 32), D forward on 6 gathers
+    # the conv's 6 x 16 and all-reduces Dense 1's partial sums; G update: G forward, D
+    # forward on 3, then the gradients w.r.t. D's conv input (3 x 32) and G's transposed
+    # conv input (3 x 16) are all-reduced; G's Dense reads z (no input gradient).
+    assert msgs["model_gather"] == [4 * 3 * 16, 4 * 3 * 32, 4 * 6 * 16,
+                                    4 * 3 * 16, 4 * 3 * 32, 4 * 3 * 16]
+    assert msgs["model_all_reduce"] == [4 * 6, 4 * 3, 4 * 3 * 32, 4 * 3 * 16]

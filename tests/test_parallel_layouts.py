@@ -126,14 +126,64 @@ def test_overrides_win_and_are_checked():
         ((g_dense, "model"), r"has 1 dimensions; the weight has shape "
                              r"\(6, 32\) \(2: e.g. '-,-'\)"),
         ((g_dense, "model,model"), "same axis"),
-        # G's last conv [5, 5, 1, 4]: out channel 1 cannot be split over model=2.
+        # G's last conv [5, 5, 1, 4]: out channel 1 cannot be split over model=2, and a
+        # convolution splits on nothing else (its input channels, 4, would divide).
         ((convts[2] + "$", "-,-,model,-"),
          r"dimension 2 of size 1 is not divisible by model=2; layouts that fit: "
-         r"-,-,-,model, replicated"),
+         r"replicated$"),
+        ((convts[0] + "$", "-,-,-,model"),
+         r"a Conv2DTranspose kernel can be split on its output channels \(dimension 2\) "
+         r"only; layouts that fit: -,-,model,-, replicated$"),
+        ((convts[0] + "$", "model,-,-,-"), r"output channels \(dimension 2\) only"),
     ]
     for override, message in bad:
         with pytest.raises(errors.ConfigError, match=message):
             layouts.plan((g, d), dims, overrides=[override])
+
+
+def test_large_convolutions_split_on_their_output_channels(monkeypatch):
+    g, d = dcgan()
+    # The tiny DCGAN's kernels hold 100 .. 1,200 values; from 101 values on (instead of
+    # 2^20) every one the axis divides is split: G's transposed convolutions [5, 5, out,
+    # in] on dimension 2, D's [5, 5, in, out] on dimension 3.
+    monkeypatch.setattr(layouts, "CONV_SPLIT_MIN_PARAMS", 101)
+    plan = layouts.plan((g, d), MODEL2)
+    kernels = {w.path: tuple(w.shape) for w in g.weights + d.weights
+               if "conv" in w.path and w.path.endswith("kernel")}
+    by_shape = {}
+    for p, shape in kernels.items():
+        by_shape.setdefault((p.split("/")[0], shape), set()).add(plan[p])
+    assert by_shape == {
+        ("generator", (5, 5, 6, 8)): {(None, None, "model", None)},
+        ("generator", (5, 5, 4, 6)): {(None, None, "model", None)},
+        ("generator", (5, 5, 1, 4)): {(None,) * 4},  # 1 output channel.
+        ("discriminator", (5, 5, 1, 4)): {(None,) * 4},  # 100 values < 101.
+        ("discriminator", (5, 5, 4, 6)): {(None, None, None, "model")}}
+    # Not divisible by the axis: replicated whatever the size.
+    assert not any(any(s) for p, s in layouts.plan((g, d), {"batch": 1, "model": 5}).items()
+                   if p in kernels)
+
+
+def test_split_convolutions_compute_what_keras_does(model_mesh, monkeypatch):
+    from tensorflow.experimental import dtensor
+    plain_g, plain_d = dcgan()
+    g, d = dcgan()
+    g.set_weights(plain_g.get_weights())
+    d.set_weights(plain_d.get_weights())
+    monkeypatch.setattr(layouts, "CONV_SPLIT_MIN_PARAMS", 0)
+    plan = layouts.plan((g, d), MODEL2)
+    layouts.shard((g, d), model_mesh, plan)
+    convt = next(w for w in g.weights if w.shape == (5, 5, 6, 8))
+    assert layouts.local_shapes(convt) == [(5, 5, 3, 8)] * 2  # Half the output channels.
+    z = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    rep = dtensor.Layout.replicated(model_mesh, 2)
+    out = tf.function(lambda x: g(x, training=False))(dtensor.copy_to_mesh(tf.constant(z), rep))
+    want = plain_g(z, training=False).numpy()
+    np.testing.assert_allclose(layouts.gather(out), want, atol=1e-6)
+    x = layouts.to_mesh(want, model_mesh, ("batch", None, None, None))
+    logits = tf.function(lambda x: d(x, training=False))(x)
+    np.testing.assert_allclose(layouts.gather(logits), plain_d(want, training=False).numpy(),
+                               atol=1e-6)
 
 
 def test_each_device_holds_its_share_of_a_sharded_weight(model_mesh):

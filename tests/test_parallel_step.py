@@ -24,19 +24,23 @@ TOL = 1e-5
 
 
 @pytest.mark.slow  # ~12 s each: two GANs traced, 10 steps on each.
-@pytest.mark.parametrize("spec, arch, optimizer, d_steps", [
-    ("batch:1,model:2", "dcgan", "sgd", 1),
-    ("batch:2,model:1", "dcgan", "sgd", 1),
-    ("batch:1,model:2", "mlp", "sgd", 1),
-    ("batch:1,model:2", "dcgan", "adam", 1),
+@pytest.mark.parametrize("spec, arch, optimizer, d_steps, convs", [
+    ("batch:1,model:2", "dcgan", "sgd", 1, False),
+    ("batch:2,model:1", "dcgan", "sgd", 1, False),
+    ("batch:1,model:2", "mlp", "sgd", 1, False),
+    ("batch:1,model:2", "dcgan", "adam", 1, False),
     # Adam's DCGAN has no D batch norm: D's convolutions see the stacked [real; fake]
     # directly (the conv-input constraint), split over examples.
-    ("batch:2,model:1", "dcgan", "adam", 1),
+    ("batch:2,model:1", "dcgan", "adam", 1, False),
     # Two D updates per step: their phases k and Adam's update count t = step * 2 + k + 1.
-    ("batch:1,model:2", "dcgan", "adam", 2),
+    ("batch:1,model:2", "dcgan", "adam", 2, False),
+    # Every convolution split on its output channels, computed by taps (parallel/conv.py):
+    # G's transposed convolutions of 8 and 4 channels, D's of 4 and 8.
+    ("batch:1,model:2", "dcgan", "sgd", 1, True),
 ])
-def test_mesh_equals_one_device(spec, arch, optimizer, d_steps):
-    out = equivalence(spec, arch, optimizer, steps=10, d_steps=d_steps)
+def test_mesh_equals_one_device(spec, arch, optimizer, d_steps, convs):
+    out = equivalence(spec, arch, optimizer, steps=10, d_steps=d_steps, convs=convs)
+    assert out["split_convs"] == (4 if convs else 0)
     assert out["step"] == 10
     assert out["max_diff"] < TOL, out
     np.testing.assert_allclose(*out["d_loss"], rtol=1e-5)
@@ -124,14 +128,18 @@ def test_optimizers_the_mesh_cannot_run_are_refused(optimizer, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec, arch, optimizer", [
-    ("batch:2,model:2", "dcgan", "sgd"),
-    ("batch:1,model:4", "dcgan", "sgd"),
-    ("batch:2,model:2", "mlp", "sgd"),
-    ("batch:2,model:2", "dcgan", "adam"),
+@pytest.mark.parametrize("spec, arch, optimizer, convs", [
+    ("batch:2,model:2", "dcgan", "sgd", ""),
+    ("batch:1,model:4", "dcgan", "sgd", ""),
+    ("batch:2,model:2", "mlp", "sgd", ""),
+    ("batch:2,model:2", "dcgan", "adam", ""),
+    # Split convolutions with examples split too (G's last, of 1 output channel, stays
+    # replicated).
+    ("batch:2,model:2", "dcgan", "sgd", "convs"),
 ])
-def test_four_device_meshes_equal_one_device(spec, arch, optimizer):
-    proc = run_cmd(["tests/mesh_helpers.py", "4", spec, arch, optimizer, "10"])
+def test_four_device_meshes_equal_one_device(spec, arch, optimizer, convs):
+    proc = run_cmd(["tests/mesh_helpers.py", "4", spec, arch, optimizer, "10", convs])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["step"] == 10 and out["max_diff"] < TOL, out
+    assert out["split_convs"] == (4 if convs else 0)

@@ -212,18 +212,24 @@ def efficiency(costs, *, replicas, per_replica_batch, gbit_per_s, latency_s, flo
 #           output is a partial sum: an all-reduce of b x out; backward, the gradient
 #           w.r.t. the input is split like the input: no collective.
 #   gather  Embedding [V, D] split on D: forward an all-gather of b x D; no input gradient.
+# A Conv2D / Conv2DTranspose split on its output channels (parallel/conv.py) is a column:
+# its [b, H', W', out] output is gathered, the gradient w.r.t. its [b, H, W, in] input
+# all-reduced.
 MESH_KINDS = ("column", "row", "gather")
 
 
 def _leaf_split(layer, weight_plan, model):
-    """(kind, kernel path, in, out) of a Dense / Embedding leaf whose kernel is split over
-    "model", else None. ValueError for a split over "batch" (not modelled)."""
+    """(kind, kernel path, in, out) of a Dense / Embedding / Conv2D / Conv2DTranspose leaf
+    whose kernel is split over "model" (in, out: its input and output features or
+    channels), else None. ValueError for a split over "batch" (not modelled)."""
     import keras
-    from tf_gan_scale.parallel import layouts
+    from tf_gan_scale.parallel import conv, layouts
     if isinstance(layer, keras.layers.Dense):
         kernel = layer.kernel
     elif isinstance(layer, keras.layers.Embedding):
         kernel = layer.embeddings
+    elif conv.out_axis(layer) is not None:
+        kernel = layer.kernel
     else:
         return None
     path = layouts.weight_path(model, kernel)
@@ -233,10 +239,20 @@ def _leaf_split(layer, weight_plan, model):
                          f"Received: {layouts.format_spec(spec)} for {path}")
     if not any(spec):
         return None
+    if conv.out_axis(layer) is not None:  # Split on output channels only (layouts).
+        out_axis = conv.out_axis(layer)
+        return "column", path, int(kernel.shape[5 - out_axis]), int(kernel.shape[out_axis])
     n_in, n_out = (int(v) for v in kernel.shape)
     if isinstance(layer, keras.layers.Embedding):
         return ("gather" if spec[1] else "row"), path, n_in, n_out
     return ("column" if spec[1] else "row"), path, n_in, n_out
+
+
+def _per_example(shape):
+    n = 1
+    for v in shape[1:]:
+        n *= int(v)
+    return n
 
 
 def _positions(tensor, embedding):
@@ -276,10 +292,13 @@ def mesh_layers(model, weight_plan, input_grads):
 
     Returns:
         (layers, bn_split). layers: a list of {"path" (of the kernel), "kind"
-        (MESH_KINDS), "in", "out", "positions" (rows per example), "flops" (forward
-        FLOPs per example of the whole layer: 2 x in x out x positions for a Dense, 0
-        for an Embedding), "input_grad" ("never" | "input" | "weights")}, in graph
-        order. bn_split: one bool per `_bn_layers(model)`, True when a top-level BN
+        (MESH_KINDS), "in", "out" (features or channels), "params" (of the kernel),
+        "in_values" / "out_values" (values of its input / output per example: what a
+        backward all-reduce / forward collective moves), "positions" (rows per example),
+        "flops" (forward FLOPs per example of the whole layer: 2 x in x out x positions
+        for a Dense, 2 x kernel x output positions for a convolution (input positions
+        for a transposed one), 0 for an Embedding), "input_grad" ("never" | "input" |
+        "weights")}, in graph order. bn_split: one bool per `_bn_layers(model)`, True when a top-level BN
         layer's input is the feature-split output of a column-parallel Dense or split
         Embedding (through elementwise layers): each device then normalizes C / M
         channels and all-reduces their moments only (DTensor's SPMD expansion of
@@ -315,10 +334,23 @@ def mesh_layers(model, weight_plan, input_grads):
                 embedding = isinstance(leaf, keras.layers.Embedding)
                 feed = ins[-1]
                 rows = _positions(feed, embedding)
-                layers.append({"path": path, "kind": kind, "in": n_in, "out": n_out,
-                               "positions": rows,
-                               "flops": 0 if embedding else 2 * n_in * n_out * rows,
-                               "input_grad": "never" if embedding else tags[id(feed)]})
+                rec = {"path": path, "kind": kind, "in": n_in, "out": n_out,
+                       "params": n_in * n_out, "in_values": rows * n_in,
+                       "out_values": rows * n_out, "positions": rows,
+                       "flops": 0 if embedding else 2 * n_in * n_out * rows,
+                       "input_grad": "never" if embedding else tags[id(feed)]}
+                if isinstance(leaf, (keras.layers.Conv2D, keras.layers.Conv2DTranspose)):
+                    kernel = int(leaf.kernel.shape[0]) * int(leaf.kernel.shape[1])
+                    out_shape = leaf.compute_output_shape(feed.shape)
+                    # Tap products: per output position (conv), per input one (transposed).
+                    where = feed.shape if isinstance(leaf, keras.layers.Conv2DTranspose) \
+                        else out_shape
+                    rec.update(params=kernel * n_in * n_out,
+                               in_values=_per_example(feed.shape),
+                               out_values=_per_example(out_shape),
+                               positions=int(where[1]) * int(where[2]),
+                               flops=2 * kernel * n_in * n_out * int(where[1]) * int(where[2]))
+                layers.append(rec)
                 out_split |= leaf is inner and kind in ("column", "gather")
             if _split_passes_through(op) and any(id(t) in split for t in ins):
                 out_split = True
@@ -370,7 +402,7 @@ def mesh_device_costs(costs):
     out = dict(costs)
     for net in ("g", "d"):
         layers = costs[f"{net}_layers"]
-        params = sum(rec["in"] * rec["out"] for rec in layers)
+        params = sum(rec["params"] for rec in layers)
         flops = sum(rec["flops"] for rec in layers)
         out[f"{net}_params"] = costs[f"{net}_params"] - params + params // m
         out[f"{net}_flops"] = costs[f"{net}_flops"] - flops + flops // m
@@ -394,12 +426,11 @@ def _model_collectives(layers, examples, forward, needs=()):
     layer's input gradient is needed when its input_grad is in `needs`."""
     gathers, reduces = [], []
     for rec in layers:
-        act = BYTES_PER_FLOAT * examples * rec["positions"]
         if forward:
             (gathers if rec["kind"] in ("column", "gather") else reduces).append(
-                act * rec["out"])
+                BYTES_PER_FLOAT * examples * rec["out_values"])
         elif rec["kind"] == "column" and rec["input_grad"] in needs:
-            reduces.append(act * rec["in"])
+            reduces.append(BYTES_PER_FLOAT * examples * rec["in_values"])
     return gathers, reduces
 
 

@@ -9,9 +9,12 @@ registry for a new layer type), then overridden per weight path by regexes, as K
   Dense       kernel [in, out]: column-parallel (None, "model") when M divides out, else
               row-parallel ("model", None) when M divides in, else replicated
   Embedding   embeddings [V, D]: (None, "model") when M divides D
-  everything else (biases, normalization, Keras convolutions, spectral-norm vectors,
-  counters): replicated. DTensor shards a Keras Conv2D / Conv2DTranspose only with
-  replicated filters (MODEL_PARALLEL_NOTES), so convolutions split over examples only.
+  Conv2D / Conv2DTranspose  kernel split on its output channels when M divides them and
+              it holds at least CONV_SPLIT_MIN_PARAMS values, else replicated. A split
+              convolution is computed as a sum over its taps (conv.py: DTensor splits a
+              Keras convolution only with replicated filters); the others split over
+              examples only.
+  everything else (biases, normalization, spectral-norm vectors, counters): replicated.
 
 Overrides (config `parallel.layouts`): ((regex, "spec"), ...), "spec" like "-,model";
 the LAST override whose regex `re.search`es a weight's path wins. An override that
@@ -19,13 +22,21 @@ matches no weight, names an unknown axis, has the wrong rank or splits a dimensi
 axis size does not divide is a ConfigError naming it and what would fit.
 """
 
+import math
 import re
 
 import keras
 import tensorflow as tf
 
 from tf_gan_scale import errors
+from tf_gan_scale.parallel import conv
 from tf_gan_scale.parallel.mesh import AXES, MODEL
+
+# Convolution kernels from this many values (4 MB in float32; a 3x3 conv of 384 -> 384
+# channels holds 1.3M) are split by default: below it the saved memory is small and the
+# tap-sum convolution (kh x kw einsums) and the gather of its output cost more. An
+# override splits (or replicates) any convolution whatever its size.
+CONV_SPLIT_MIN_PARAMS = 1 << 20
 
 
 def _dense(layer, weight, model_size):
@@ -45,9 +56,18 @@ def _embedding(layer, weight, model_size):
     return (None, MODEL)  # Each device holds D / M of every class's embedding.
 
 
+def _conv(layer, weight, model_size):
+    axis = conv.out_axis(layer)
+    if (weight is not layer.kernel or weight.shape[axis] % model_size or conv.unsupported(layer)
+            or math.prod(weight.shape) < CONV_SPLIT_MIN_PARAMS):
+        return None
+    return tuple(MODEL if a == axis else None for a in range(len(weight.shape)))
+
+
 # Layer type -> fn(layer, weight, model_size) -> spec or None (replicated). isinstance
 # order: the first matching type decides.
-RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding}
+RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
+         keras.layers.Conv2D: _conv, keras.layers.Conv2DTranspose: _conv}
 
 
 def parse_spec(text, path=None):
@@ -97,7 +117,7 @@ def plan(models, dims, overrides=()):
         {weight_path: spec tuple (one entry per dimension, an axis name or None)}.
     """
     m = dims[MODEL]
-    weights = {}
+    weights, kernels = {}, {}  # kernels: a convolution's kernel path -> the layer.
     for model in models:
         for w in model.weights:
             path = weight_path(model, w)
@@ -109,6 +129,8 @@ def plan(models, dims, overrides=()):
             for w in layer.weights:
                 spec = rule(layer, w, m) if (rule and m > 1) else None
                 weights[weight_path(model, w)] = (w, spec)
+            if isinstance(layer, CONSTRAIN_INPUT):
+                kernels[weight_path(model, layer.kernel)] = layer
     out = {path: spec or (None,) * len(w.shape) for path, (w, spec) in weights.items()}
     for pattern, text in overrides:
         hits = [p for p in out if re.search(pattern, p)]
@@ -118,12 +140,31 @@ def plan(models, dims, overrides=()):
                 f"{', '.join(sorted(out)[:12])}{' ...' if len(out) > 12 else ''}")
         for path in hits:
             spec = parse_spec(text, path)
-            _check(path, weights[path][0].shape, spec, dims)
+            _check(path, weights[path][0].shape, spec, dims, kernels.get(path))
             out[path] = spec
     return out
 
 
-def _check(path, shape, spec, dims):
+def _splittable(layer):
+    """The kernel dimensions of `layer` a layout may split, or None for any: a
+    convolution only its output channels, and only where the tap-sum convolution computes
+    it (conv.py). Returns (dimensions, why not more)."""
+    if layer is None:
+        return None, ""
+    kind = type(layer).__name__
+    if conv.out_axis(layer) is None:
+        return (), (f"a {kind} kernel cannot be split (only Conv2D and Conv2DTranspose "
+                    f"kernels: DTensor runs other convolutions with replicated filters)")
+    why = conv.unsupported(layer)
+    if why:
+        return (), f"a {kind} with {why} cannot be split"
+    return (conv.out_axis(layer),), (f"a {kind} kernel can be split on its output "
+                                    f"channels (dimension {conv.out_axis(layer)}) only")
+
+
+def _check(path, shape, spec, dims, layer=None):
+    """ConfigError unless `spec` fits a weight of `shape` (of convolution `layer`, if
+    one) on a mesh of `dims`; the message lists the layouts that fit."""
     if len(spec) != len(shape):
         raise errors.ConfigError(
             f"layout {format_spec(spec)!r} for {path} has {len(spec)} dimensions; the "
@@ -133,14 +174,21 @@ def _check(path, shape, spec, dims):
     if len(used) != len(set(used)):
         raise errors.ConfigError(f"layout {format_spec(spec)!r} for {path} splits two "
                                  f"dimensions over the same axis")
+    allowed, rule = _splittable(layer)
     for i, (size, axis) in enumerate(zip(shape, spec)):
-        if axis and size % dims[axis]:
-            fits = [format_spec(tuple(axis if j == k else None for k in range(len(shape))))
-                    for j, s in enumerate(shape) if s % dims[axis] == 0]
+        if not axis:
+            continue
+        fits = [format_spec(tuple(axis if j == k else None for k in range(len(shape))))
+                for j, s in enumerate(shape)
+                if s % dims[axis] == 0 and (allowed is None or j in allowed)]
+        fits = ", ".join(fits + ["replicated"])
+        if allowed is not None and i not in allowed:
+            raise errors.ConfigError(f"layout {format_spec(spec)!r} for {path}: {rule}; "
+                                     f"layouts that fit: {fits}")
+        if size % dims[axis]:
             raise errors.ConfigError(
                 f"layout {format_spec(spec)!r} for {path}: dimension {i} of size {size} is "
-                f"not divisible by {axis}={dims[axis]}; layouts that fit: "
-                f"{', '.join(fits + ['replicated'])}")
+                f"not divisible by {axis}={dims[axis]}; layouts that fit: {fits}")
 
 
 def layout(mesh, spec):
@@ -198,6 +246,12 @@ def _constrain(layer, mesh, where):
     layer.call = constrained  # This instance only.
 
 
+def _split(weight):
+    """Whether a (Keras) variable on a mesh is split over any axis."""
+    from tensorflow.experimental import dtensor
+    return not dtensor.fetch_layout(weight._value).is_fully_replicated()
+
+
 def shard(models, mesh, weight_plan):
     """Moves every weight of `models` onto `mesh` with its planned layout, in place.
 
@@ -205,18 +259,21 @@ def shard(models, mesh, weight_plan):
     becomes a `dtensor.DVariable` (MODEL_PARALLEL_NOTES: Keras 3 ignores `layout=` on
     TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs
     and convolution inputs are constrained to split over examples only (CONSTRAIN_OUTPUT,
-    CONSTRAIN_INPUT). Optimizers must be built after this.
+    CONSTRAIN_INPUT); convolutions with split kernels compute by taps (conv.use_taps).
+    Optimizers must be built after this.
     """
     from tensorflow.experimental import dtensor
     for model in models:
-        for layer in _leaf_layers(model):
-            if isinstance(layer, CONSTRAIN_OUTPUT):
-                _constrain(layer, mesh, "output")
-            elif isinstance(layer, CONSTRAIN_INPUT):
-                _constrain(layer, mesh, "input")
         for w in model.weights:
             value = to_mesh(w._value.read_value(), mesh, weight_plan[weight_path(model, w)])
             w._value = dtensor.DVariable(value, trainable=w.trainable, name=w.name)
+        for layer in _leaf_layers(model):
+            if isinstance(layer, CONSTRAIN_OUTPUT):
+                _constrain(layer, mesh, "output")
+            elif isinstance(layer, tuple(conv.OUT_AXIS)) and _split(layer.kernel):
+                conv.use_taps(layer, lambda x: _by_example(x, mesh))
+            elif isinstance(layer, CONSTRAIN_INPUT):
+                _constrain(layer, mesh, "input")
 
 
 def gather(weight):

@@ -1,0 +1,141 @@
+"""Convolutions whose filters are split over output channels on a DTensor mesh.
+
+DTensor runs Keras' Conv2D / Conv2DTranspose only with REPLICATED filters (its SPMD
+expansion of Conv2D and its backprop ops supports batch-split inputs only;
+MODEL_PARALLEL_NOTES). The same convolution written as a sum over the kernel's taps of
+pad + strided slice + einsum uses only ops DTensor can split, so the kernel may be split
+on its output-channel axis: each device computes out / M channels of every tap, for the
+examples it holds. Kernels keep Keras' shapes and values (a checkpoint is the same), and
+the numbers equal Keras' convolution up to float32 summation order (kh x kw partial sums
+instead of one; tests/test_parallel_layouts.py).
+
+    y[b, o, p, d] = sum_{i, j, c} x_pad[b, o*s + i, p*s + j, c] * K[i, j, c, d]   (Conv2D)
+
+and the transposed convolution scatters each input pixel: tap (i, j) adds x @ K[i, j]^T
+at output position (h*s + i - pad, w*s + j - pad).
+
+Costs: kh x kw einsums instead of one convolution kernel (slower per FLOP than cuDNN /
+oneDNN), and the whole input is needed by every device of a model row. It pays where the
+filters are large enough for their memory to matter (layouts.CONV_SPLIT_MIN_PARAMS).
+"""
+
+import keras
+import tensorflow as tf
+
+# Layer type -> the kernel axis of its output channels ([kh, kw, in, out] for Conv2D,
+# [kh, kw, out, in] for Conv2DTranspose).
+OUT_AXIS = {keras.layers.Conv2D: 3, keras.layers.Conv2DTranspose: 2}
+
+
+def out_axis(layer):
+    """The kernel axis of `layer`'s output channels, or None for another layer type."""
+    return next((axis for kind, axis in OUT_AXIS.items() if isinstance(layer, kind)), None)
+
+
+def unsupported(layer):
+    """Why `layer`'s convolution cannot be computed by taps here ("" when it can)."""
+    if out_axis(layer) is None:
+        return f"{type(layer).__name__} (only Conv2D and Conv2DTranspose)"
+    bad = []
+    if layer.data_format != "channels_last":
+        bad.append(f"data_format={layer.data_format!r}")
+    if tuple(layer.dilation_rate) != (1, 1):
+        bad.append(f"dilation_rate={tuple(layer.dilation_rate)}")
+    if getattr(layer, "groups", 1) != 1:
+        bad.append(f"groups={layer.groups}")
+    transposed = isinstance(layer, keras.layers.Conv2DTranspose)
+    if layer.padding not in (("same",) if transposed else ("same", "valid")):
+        bad.append(f"padding={layer.padding!r}")
+    if transposed and layer.output_padding is not None:
+        bad.append(f"output_padding={layer.output_padding}")
+    return ", ".join(bad)
+
+
+def _same_pads(n, k, s):
+    """TensorFlow's "same" padding of one spatial axis: (output size, before, after)."""
+    out = -(-n // s)
+    total = max((out - 1) * s + k - n, 0)
+    return out, total // 2, total - total // 2
+
+
+def conv2d(x, kernel, strides, padding):
+    """Keras' Conv2D (channels_last, dilation 1) as a sum over taps.
+
+    Args:
+        x: [B, H, W, C_in] (static H, W).
+        kernel: [kh, kw, C_in, C_out].
+        strides: (sh, sw). padding: "same" or "valid".
+    Returns:
+        [B, H_out, W_out, C_out].
+    """
+    kh, kw = int(kernel.shape[0]), int(kernel.shape[1])
+    (sh, sw), (h, w) = strides, (int(x.shape[1]), int(x.shape[2]))
+    if padding == "same":
+        (ho, top, bottom), (wo, left, right) = _same_pads(h, kh, sh), _same_pads(w, kw, sw)
+        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+    else:
+        ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    y = None
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
+            tap = tf.einsum("bhwc,cd->bhwd", patch, kernel[i, j])
+            y = tap if y is None else y + tap
+    return y
+
+
+def _spread(t, s, axis):
+    """Zero-insertion upsampling of axis `axis` of t by s: element n lands at n * s (a
+    stack with zeros and a reshape: no scatter, which DTensor cannot split)."""
+    if s == 1:
+        return t
+    parts = tf.stack([t] + [tf.zeros_like(t)] * (s - 1), axis=axis + 1)
+    shape = [-1 if a == 0 else int(t.shape[a]) * (s if a == axis else 1)
+             for a in range(t.shape.rank)]
+    return tf.reshape(parts, shape)
+
+
+def conv2d_transpose(x, kernel, strides):
+    """Keras' Conv2DTranspose with padding "same" (channels_last, dilation 1, no
+    output_padding) as a sum over taps.
+
+    Args:
+        x: [B, H, W, C_in] (static H, W).
+        kernel: [kh, kw, C_out, C_in].
+        strides: (sh, sw).
+    Returns:
+        [B, H * sh, W * sw, C_out].
+    """
+    kh, kw = int(kernel.shape[0]), int(kernel.shape[1])
+    (sh, sw), (h, w) = strides, (int(x.shape[1]), int(x.shape[2]))
+    ho, wo = h * sh, w * sw
+    top, left = max(kh - sh, 0) // 2, max(kw - sw, 0) // 2
+    margin = max(kh, kw)  # Room to shift by any tap offset, then cut [0, ho) x [0, wo).
+    y = None
+    for i in range(kh):
+        for j in range(kw):
+            tap = tf.einsum("bhwc,dc->bhwd", x, kernel[i, j])  # [B, H, W, C_out]
+            tap = _spread(_spread(tap, sh, 1), sw, 2)  # Pixel (h, w) at (h*sh, w*sw).
+            tap = tf.pad(tap, [[0, 0], [margin, margin], [margin, margin], [0, 0]])
+            di, dj = i - top, j - left  # This tap lands di, dj further on.
+            tap = tap[:, margin - di:margin - di + ho, margin - dj:margin - dj + wo, :]
+            y = tap if y is None else y + tap
+    return y
+
+
+def use_taps(layer, constrain_input=lambda x: x):
+    """Makes this instance of a Conv2D / Conv2DTranspose compute by taps (bias and
+    activation as Keras does), its input passed through `constrain_input` first."""
+    transposed = isinstance(layer, keras.layers.Conv2DTranspose)
+
+    def call(inputs):
+        x = constrain_input(inputs)
+        if transposed:
+            y = conv2d_transpose(x, layer.kernel, tuple(layer.strides))
+        else:
+            y = conv2d(x, layer.kernel, tuple(layer.strides), layer.padding)
+        if layer.use_bias:
+            y = y + layer.bias
+        return layer.activation(y) if layer.activation is not None else y
+
+    layer.call = call  # This instance only.
