@@ -101,4 +101,7 @@ def base():
     # Overrides of the layout policy: ((regex over "model/weight path", "spec"), ...),
     # spec per dimension "-" or an axis, e.g. (("generator/dense/kernel", "model,-"),).
     c.parallel.layouts = ()
+    # "g:I,d:J" (or --placement): G on device I, D on device J of one process, micro-
+    # batches by train.accumulation_steps (parallel/placement.py); "": off.
+    c.parallel.placement = ""
     return c

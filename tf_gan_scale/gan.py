@@ -23,6 +23,7 @@ two optimizers anyway. Distributed math, in one place each:
     per layer and pass).
 """
 
+import contextlib
 import numbers
 
 import keras
@@ -439,15 +440,16 @@ class GAN(keras.Model):
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
         variables = self.discriminator.trainable_variables
         grads, shares, means = None, [], []
-        for part in self._micro_batches():
-            g, share, m = self._d_grads(real[part], real_labels[part], rows[part], gb,
-                                        step, k)
-            grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
-            shares.append(share)
-            means = m if not means else [x + y for x, y in zip(means, m)]
-        (d_loss, count, *means), finite, norm, skipped = apply_global_gradients(
-            self.d_optimizer, grads, variables, [tf.add_n(shares), b] + means,
-            self.grad_pack_bytes)
+        with self._on("d"):  # G's forward passes inside go to G's device.
+            for part in self._micro_batches():
+                g, share, m = self._d_grads(real[part], real_labels[part], rows[part], gb,
+                                            step, k)
+                grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
+                shares.append(share)
+                means = m if not means else [x + y for x, y in zip(means, m)]
+            (d_loss, count, *means), finite, norm, skipped = apply_global_gradients(
+                self.d_optimizer, grads, variables, [tf.add_n(shares), b] + means,
+                self.grad_pack_bytes)
         if self.lecam_weight:
             self.lecam_anchors.assign(regularizers.update_anchor(
                 self.lecam_anchors, tf.stack(means), self.lecam_decay))
@@ -457,6 +459,17 @@ class GAN(keras.Model):
 
     # The DTensor mesh the step runs on (set by parallel.step.MeshTrainer), else None.
     _mesh = None
+    # {"g": device, "d": device}: G and D on two devices of one process (set by
+    # parallel.placement.place), else None.
+    placement = None
+
+    def _on(self, net):
+        """The device scope of network `net` ("g" or "d") under a placement, else none.
+        Forward AND backward ops go where they are created: each network's gradient is
+        taken inside its own scope (`_d_grads`, `_g_grads`)."""
+        if self.placement is None:
+            return contextlib.nullcontext()
+        return tf.device(self.placement[net])
 
     def _join(self, parts):
         """Concatenates per-example tensors along examples ([real; fake]). On a DTensor
@@ -474,7 +487,8 @@ class GAN(keras.Model):
         b = tf.shape(real)[0]
         z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
         fake_labels = self._fake_labels(step, k, rows)
-        fake = call_generator(self.generator, z, fake_labels, training=True)
+        with self._on("g"):
+            fake = call_generator(self.generator, z, fake_labels, training=True)
         # One device sees [real rows 0..GB-1; fake rows 0..GB-1]: per-example noise in D
         # (dropout, augmentation, instance noise) is keyed by that global position.
         both_rows = self._join([rows, gb + rows])
@@ -537,13 +551,14 @@ class GAN(keras.Model):
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
         grads, shares = None, []
-        for j, part in enumerate(self._micro_batches()):
-            g, share = self._g_grads(rows[part], gb, step, regularize=j == 0)
-            grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
-            shares.append(share)
-        (g_loss, uneven), finite, norm, skipped = apply_global_gradients(
-            self.g_optimizer, grads, self.generator.trainable_variables,
-            [tf.add_n(shares), uneven], self.grad_pack_bytes)
+        with self._on("g"):  # D's passes inside go to D's device.
+            for j, part in enumerate(self._micro_batches()):
+                g, share = self._g_grads(rows[part], gb, step, regularize=j == 0)
+                grads = g if grads is None else [_add_grads(x, y) for x, y in zip(grads, g)]
+                shares.append(share)
+            (g_loss, uneven), finite, norm, skipped = apply_global_gradients(
+                self.g_optimizer, grads, self.generator.trainable_variables,
+                [tf.add_n(shares), uneven], self.grad_pack_bytes)
         self.g_grad_norm_tracker.update_state(norm)
         if self.ema is not None:
             # Reads G's weights and the step after the update (automatic control
@@ -559,20 +574,37 @@ class GAN(keras.Model):
         z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE), rows,
                                 [self.latent_dim])
         labels = self._fake_labels(step, latents.G_PHASE, rows)
-        with tf.GradientTape() as tape:
+        variables = self.generator.trainable_variables
+        with self._on("g"), tf.GradientTape() as g_tape:
             fake = call_generator(self.generator, z, labels, training=True)
-            x = self._d_inputs(fake, rows, step, latents.G_PHASE)
-            fake_logits = self._discriminate(x, labels, training=True)
-            # real_logits only feed the D term, which G's gradient ignores.
-            per_example = self.loss_fn(real_logits=fake_logits, fake_logits=fake_logits).g
-            share = replica.global_mean(per_example, gb)
+            targets = [fake]
+            reg = None
             if self.ortho_weight and regularize:
                 # Not per example: every replica adds 1/N of it, so the summed gradient
                 # is the one-device gradient of the regularizer (regularizers.orthogonal).
-                share += self.ortho_weight * regularizers.orthogonal(
+                reg = self.ortho_weight * regularizers.orthogonal(
                     _ortho_weights(self.generator)) / replica.num_replicas()
-            loss = self.g_optimizer.scale_loss(share)
-        return tape.gradient(loss, self.generator.trainable_variables), share
+                targets.append(self.g_optimizer.scale_loss(reg))
+        # Back-propagated in two stages joined by the chain rule through `fake`: D's
+        # (to d loss / d fake), then G's, so that under a placement each runs on its
+        # network's device (gradient ops go where `gradient` is called). The same
+        # gradient ops as one tape over both.
+        with self._on("d"):
+            with tf.GradientTape() as d_tape:
+                d_tape.watch(fake)
+                x = self._d_inputs(fake, rows, step, latents.G_PHASE)
+                fake_logits = self._discriminate(x, labels, training=True)
+                # real_logits only feed the D term, which G's gradient ignores.
+                per_example = self.loss_fn(real_logits=fake_logits,
+                                           fake_logits=fake_logits).g
+                share = replica.global_mean(per_example, gb)
+                loss = self.g_optimizer.scale_loss(share)
+            d_fake = d_tape.gradient(loss, fake)
+        with self._on("g"):
+            # d loss / d fake into G, plus the regularizer's own gradient (weight 1).
+            grads = g_tape.gradient(targets, variables, output_gradients=[d_fake] + [
+                tf.ones_like(t) for t in targets[1:]])
+        return grads, share if reg is None else share + reg
 
     def train_step(self, data):
         """One GAN step on this replica. Runs inside `strategy.run`.

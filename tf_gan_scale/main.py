@@ -6,6 +6,8 @@
         [--collective=auto|ring|nccl] [--cluster_resolver=tf_config|slurm] [--peer_timeout_s=S]
     python -m tf_gan_scale.main --config=... --workdir=DIR --mesh=batch:B,model:M \
         [--num_cpu_devices=N]     # model / hybrid parallelism on a DTensor mesh
+    python -m tf_gan_scale.main --config=... --workdir=DIR --placement=g:0,d:1 \
+        [--num_cpu_devices=2]     # G and D on two devices of one process
 
 One --config file per run (a second one is bad input); --strategy=auto trains on every task
 of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py). --mesh (or
@@ -53,6 +55,9 @@ flags.DEFINE_float("peer_timeout_s", None, "Multi-worker: a worker silent this l
 flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
 flags.DEFINE_string("mesh", None, "batch:B,model:M: train on a DTensor mesh of B x M devices "
                     "(weights split over 'model'); overrides config.parallel.mesh.")
+flags.DEFINE_string("placement", None, "g:I,d:J: G on device I, D on device J of this "
+                    "process (micro-batches: config.train.accumulation_steps); overrides "
+                    "config.parallel.placement.")
 FLAGS = flags.FLAGS
 
 # Flags of the tf.distribute path: meaningless on a mesh, so given with one they are an error.
@@ -60,12 +65,12 @@ _STRATEGY_FLAGS = ("strategy", "num_gpus", "tpu", "collective", "cluster_resolve
                    "peer_timeout_s")
 
 
-def _check_mesh_flags(spec):
-    """One-line ConfigError if a mesh run got a tf.distribute flag."""
+def _check_alone(what, spec):
+    """One-line ConfigError if a mesh or placement run got a tf.distribute flag."""
     given = [f"--{name}={FLAGS[name].value}" for name in _STRATEGY_FLAGS if FLAGS[name].present]
     if given:
-        raise errors.ConfigError(f"--mesh={spec} cannot be combined with {', '.join(given)}; "
-                                 f"valid: a mesh (with --num_cpu_devices) or those flags")
+        raise errors.ConfigError(f"--{what}={spec} cannot be combined with {', '.join(given)}; "
+                                 f"valid: --{what} (with --num_cpu_devices) or those flags")
 
 
 def main(argv):
@@ -75,10 +80,37 @@ def main(argv):
         raise errors.ConfigError("--config and --workdir are required, e.g. "
                                  "--config=experiments/digits.py --workdir=/tmp/digits")
     logging.set_verbosity(logging.INFO)
-    spec = FLAGS.mesh or (config.get("parallel") or {}).get("mesh", "")
+    parallel = config.get("parallel") or {}
+    if FLAGS.placement is not None:
+        if "placement" not in parallel:
+            raise errors.ConfigError(f"--placement={FLAGS.placement}: this config has no "
+                                     f"parallel.placement key; valid: a config built on "
+                                     f"tf_gan_scale.configs.base()")
+        config.parallel.placement = FLAGS.placement  # What run.json records.
+    spec = FLAGS.mesh or parallel.get("mesh", "")
+    place = parallel.get("placement", "")
+    if spec and place:
+        raise errors.ConfigError(f"--mesh={spec} and --placement={place}: one of them; "
+                                 f"valid: a mesh splits weights, a placement whole networks")
+    if place:  # G and D on two devices of this process, under no strategy.
+        from tf_gan_scale.parallel import placement
+        _check_alone("placement", place)
+        placement.check(place, 1, False)  # Bad specs first; the rest in train_lib.validate.
+        num_tasks, _ = distribute.cluster_from_env()
+        if num_tasks > 1:
+            raise errors.ConfigError(f"--placement={place} runs in one process, but the "
+                                     f"environment describes a cluster of {num_tasks} tasks; "
+                                     f"valid: one process, or --mesh / a strategy")
+        distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
+        import tensorflow as tf
+        from tf_gan_scale import train_lib
+        strategy = tf.distribute.get_strategy()
+        _train(lambda: train_lib.run(config, FLAGS.workdir, strategy,
+                                     tfds_data_dir=FLAGS.tfds_data_dir), strategy)
+        return
     if spec:  # A DTensor mesh instead of a tf.distribute strategy.
         from tf_gan_scale.parallel import mesh as mesh_lib
-        _check_mesh_flags(spec)
+        _check_alone("mesh", spec)
         dims = mesh_lib.parse(spec)
         # Like MultiWorkerMirroredStrategy: before any other TensorFlow op. Joins the
         # other DTensor clients when DTENSOR_JOBS, TF_CONFIG or a Slurm step name some.

@@ -92,10 +92,17 @@ def build_networks(config, data_shape, classes=0):
                                    **options)
 
 
-def build_gan(config, data_shape, data_classes=0):
+def placement_of(config):
+    """config.parallel.placement ("g:I,d:J", or "" for none)."""
+    return (config.get("parallel") or {}).get("placement", "")
+
+
+def build_gan(config, data_shape, data_classes=0, placement=""):
     """GAN (built and compiled) for `config`; call inside strategy.scope().
 
     data_classes: the data source's number of classes (used when config.model.conditional).
+    placement: "g:I,d:J" to train G on device I and D on device J of this process
+    (parallel/placement.py; `run` passes config.parallel.placement), "" for none.
     Weight initialization is seeded by config.seed, so every topology starts from the
     same weights (variables are created on replica 0 and broadcast).
     """
@@ -110,6 +117,9 @@ def build_gan(config, data_shape, data_classes=0):
                         sync_batch_norm="auto" if config.model.get("sync_bn", True) else False,
                         num_classes=classes, ema_decay=ema.get("decay", 0.0),
                         ema_start=ema.get("start", 0), ema_warmup=ema.get("warmup", 0))
+    if placement:  # G and D on two devices of this process, before the optimizers exist.
+        from tf_gan_scale.parallel import placement as placement_lib
+        placement_lib.place(model, placement_lib.devices(placement_lib.parse(placement)))
     decay, warmup = t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0)
     mode = t.get("precision", "float32")
     # Schedules count each optimizer's own updates: D makes d_steps per G step.
@@ -320,6 +330,10 @@ def validate(config, num_replicas):
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
     precision.check(t.get("precision", "float32"))
+    if placement_of(config):
+        from tf_gan_scale.parallel import placement
+        placement.check(placement_of(config), num_replicas,
+                        jit_compile(t.get("jit_compile", "auto")))
     if jit_compile(t.get("jit_compile", "auto")) and num_replicas > 1 and not \
             isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
         raise errors.ConfigError(
@@ -395,7 +409,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     validate(config, strategy.num_replicas_in_sync)
     source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
     with strategy.scope():
-        model = build_gan(config, source.shape, source.num_classes)
+        model = build_gan(config, source.shape, source.num_classes, placement_of(config))
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
     # Every worker restores from the shared workdir (all must start from the same state).
     restored = restore(os.path.join(workdir, "checkpoints"), checkpoint)

@@ -1,0 +1,93 @@
+"""Pipeline placement: G on one device, D on another, in one process ("g:0,d:1").
+
+The simple alternative to a mesh when a GAN is too big for one device but fits on two:
+every weight whole, each network's weights, optimizer slots and forward and backward ops
+on its own device (`GAN._on`), activations (fakes, and d loss / d fake in G's update)
+copied between them. With config.train.accumulation_steps = K the batch runs as K
+micro-batches (GAN._micro_batches, strided rows), and the step's dataflow lets G's
+forward pass of micro-batch j+1 run while D works on micro-batch j: GPipe's schedule, by
+TensorFlow's executor. The numbers are one device's with the same K (batch-norm
+statistics per micro-batch, as for accumulation): only where ops run changes.
+
+    python -m tf_gan_scale.main --config=... --workdir=... --placement=g:0,d:1 \\
+        --num_cpu_devices=2 --config.train.accumulation_steps=4
+
+Devices are indices into the process's GPUs, else its (logical) CPUs; no strategy
+(the step runs under TensorFlow's default one, like one device). Checkpoints are the
+one-device ones: a run resumes on any topology.
+"""
+
+import tensorflow as tf
+
+from tf_gan_scale import errors
+
+NETS = ("g", "d")
+FORM = "valid: g:I,d:J with device indices I != J (e.g. g:0,d:1)"
+
+
+def parse(spec):
+    """"g:0,d:1" -> {"g": 0, "d": 1}; ConfigError naming the bad part and the form."""
+    out = {}
+    for part in str(spec).split(","):
+        name, sep, index = part.strip().partition(":")
+        if not sep or name not in NETS or name in out:
+            why = ("repeated network" if name in out else
+                   f"unknown network {name!r}" if sep else f"no device in {part.strip()!r}")
+            raise errors.ConfigError(f"--placement={spec!r}: {why}; {FORM}")
+        try:
+            out[name] = int(index)
+        except ValueError:
+            raise errors.ConfigError(f"--placement={spec!r}: device {index!r} of {name!r} "
+                                     f"is not an integer; {FORM}") from None
+    if sorted(out) != sorted(NETS) or out["g"] == out["d"] or min(out.values()) < 0:
+        raise errors.ConfigError(f"--placement={spec!r}: {FORM}")
+    return out
+
+
+def check(spec, num_replicas, xla):
+    """ConfigError unless a placement `spec` can run: parsed, one replica (no strategy
+    over several devices), no XLA (it compiles for one device)."""
+    parse(spec)
+    if num_replicas > 1:
+        raise errors.ConfigError(f"--placement={spec} puts G and D on devices of its own; "
+                                 f"it cannot run under a strategy of {num_replicas} "
+                                 f"replicas; valid: no strategy (one process)")
+    if xla:
+        raise errors.ConfigError(f"--placement={spec} with config.train.jit_compile=true: "
+                                 f"XLA compiles a step for one device; valid: auto, false")
+
+
+def devices(indices):
+    """{"g": I, "d": J} -> {"g": device name, "d": device name} of this process's GPUs,
+    else logical CPUs; ConfigError when an index is past them."""
+    kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    names = [d.name for d in tf.config.list_logical_devices(kind)]
+    bad = {net: i for net, i in indices.items() if i >= len(names)}
+    if bad:
+        spec = ",".join(f"{net}:{indices[net]}" for net in NETS)
+        raise errors.ConfigError(
+            f"--placement={spec}: device {max(bad.values())} but the process has "
+            f"{len(names)} {kind} device(s) (0..{len(names) - 1})"
+            + ("; split the CPU with --num_cpu_devices=2" if kind == "CPU" else ""))
+    return {net: names[i] for net, i in indices.items()}
+
+
+def _move(model, device):
+    """Every variable of `model` re-created on `device` with its value (each Keras
+    variable keeps its object, path and trainability; its backing tf.Variable moves)."""
+    for w in model.weights:
+        with tf.device(device):
+            w._value = tf.Variable(w._value.read_value(), trainable=w.trainable, name=w.name)
+
+
+def place(gan, names):
+    """Puts `gan`'s G (and its EMA copy) on names["g"], D on names["d"], and makes its
+    step run each network there. Before `gan.compile`: the optimizers then create their
+    slots beside their weights."""
+    if gan.compiled:
+        raise ValueError("place the GAN's networks before compiling it")
+    _move(gan.generator, names["g"])
+    if gan.ema is not None:
+        _move(gan.ema.model, names["g"])
+    _move(gan.discriminator, names["d"])
+    gan.placement = dict(names)
