@@ -44,6 +44,10 @@ flags.DEFINE_multi_string("mesh", [], "batch:B,model:M; repeat for one row per m
                           "model axis table instead of the data-parallel one).")
 flags.DEFINE_integer("global_batch", 0, "Global batch of the --mesh rows (0: "
                      "--per_replica_batch x the mesh's devices).")
+flags.DEFINE_float("model_gbit", 0.0, "Gbit/s of the links of the --mesh model axis (e.g. "
+                   "2400 for NVLink inside a host); 0: each column's bandwidth, as the batch axis.")
+flags.DEFINE_float("model_latency_us", -1.0, "Ring step latency on the model axis, us "
+                   "(-1: --latency_us).")
 flags.DEFINE_multi_string("layout", [], "REGEX=SPEC layout override (e.g. "
                           "'/(gain|bias)/kernel=-,-'), after config.parallel.layouts.")
 FLAGS = flags.FLAGS
@@ -130,8 +134,11 @@ def mesh_table(config, g, d, shape, costs):
     print(f"### {name}: {config.model.name}, data {shape}, d_steps {d_steps}, model axis\n")
     print(f"- parameters: G {costs['g_params']:,}, D {costs['d_params']:,}; "
           f"forward FLOPs/example: G {costs['g_flops']:,}, D {costs['d_flops']:,}")
-    print(f"- {FLAGS.tflops:g} TFLOP/s per device, ring latency "
-          f"{FLAGS.latency_us:g} us/step on both axes; layout overrides: "
+    model_link = (f"model axis {FLAGS.model_gbit:g} Gbit/s" if FLAGS.model_gbit
+                  else "model axis as the batch axis")
+    model_latency = FLAGS.latency_us if FLAGS.model_latency_us < 0 else FLAGS.model_latency_us
+    print(f"- {FLAGS.tflops:g} TFLOP/s per device, ring latency {FLAGS.latency_us:g} us/step "
+          f"(model axis {model_latency:g}); {model_link}; layout overrides: "
           f"{overrides or 'none'}")
     rows, split = [], {}
     for dims in meshes:
@@ -149,7 +156,8 @@ def mesh_table(config, g, d, shape, costs):
         times = [cost_model.mesh_step_time(
             c, dims=dims, per_device_batch=b, gbit_per_s=bw,
             latency_s=FLAGS.latency_us * 1e-6, flops_per_s=FLAGS.tflops * 1e12,
-            d_steps=d_steps) for bw in BANDWIDTHS]
+            d_steps=d_steps, model_gbit_per_s=FLAGS.model_gbit or None,
+            model_latency_s=model_latency * 1e-6) for bw in BANDWIDTHS]
         msg, sent = size["messages"], size["sent"]
         t = times[0]
         rows.append([f"batch:{dims['batch']},model:{dims['model']} ({devices})", f"{gb}",
