@@ -79,12 +79,12 @@ def test_input_only_npz_two_d_steps(tmp_path):
     check_numbers(result, source=f"npz:{path}", d_steps=2)
 
 
-def test_mesh_reports_speed_and_the_parameters_each_device_holds():
+def test_mesh_and_placement_report_speed_and_the_parameters_each_device_holds():
     # TINY's G: Dense [16, 2*2*32 = 128] (column-parallel on model:2) and D's last Dense
     # [64, 1] (row-parallel): each device of batch:1,model:2 holds half of each kernel.
     proc = run_cmd(["tools/benchmark.py", *TINY, "--strategy=one_device", "--baseline=false",
                     "--num_cpu_devices=2", "--mesh=batch:1,model:2", "--mesh=batch:2,model:1",
-                    "--steps=2", "--warmup=1", "--repeats=1"])
+                    "--placement=g:0,d:1", "--steps=2", "--warmup=1", "--repeats=1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     full = result["params_per_device"]
@@ -93,7 +93,9 @@ def test_mesh_reports_speed_and_the_parameters_each_device_holds():
     assert split["split_weights"] == 2
     assert split["params_per_device"]["generator"] == full["generator"] - 16 * 128 // 2
     assert split["params_per_device"]["discriminator"] == full["discriminator"] - 64 // 2
-    for run in (split, data):
+    placed = result["placement"]
+    assert placed["spec"] == "g:0,d:1" and len(placed["all_step_times_s"]) == 1
+    for run in (split, data, placed):
         assert run["images_per_sec"] > 0 and run["speed_vs_one_device"] > 0
 
 

@@ -40,6 +40,15 @@ layer, on one device against 2x1 and 1x2 meshes of 2 logical CPUs:
         --config.model.g_channels='(1024,128,64)' --num_cpu_devices=2 --baseline=false \
         --mesh=batch:2,model:1 --mesh=batch:1,model:2
 
+Pipeline placement: `--placement=g:0,d:1` also times the same GAN with G and D on two
+devices of this process (parallel/placement.py, as `main --placement` trains; no
+strategy), interleaved with the --strategy run; give both the same micro-batches
+(--config.train.accumulation_steps):
+
+    python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
+        --num_cpu_devices=2 --baseline=false --placement=g:0,d:1 \
+        --config.train.accumulation_steps=4
+
 Evaluation: `--eval_extractor=SPEC` times scoring instead (evaluation.fake_features: the
 config's generator, untrained, and the extractor over --eval_samples generated examples,
 FID statistics streamed, features kept with --eval_keep for KID/PR), after a warm-up pass,
@@ -93,6 +102,8 @@ flags.DEFINE_integer("eval_batch_size", 512, "Global evaluation batch (--eval_ex
 flags.DEFINE_boolean("eval_keep", False, "Also gather the features (KID, PR).")
 flags.DEFINE_multi_string("mesh", None, "batch:B,model:M: also time training on this "
                           "DTensor mesh (repeatable), interleaved with --strategy's run.")
+flags.DEFINE_string("placement", None, "g:I,d:J: also time training with G on device I and "
+                    "D on device J of this process, interleaved with --strategy's run.")
 FLAGS = flags.FLAGS
 
 
@@ -328,6 +339,9 @@ def main(argv):
         plain.compile(train_lib.make_optimizer(config.train.g_optimizer),
                       train_lib.make_optimizer(config.train.d_optimizer))
         runs["baseline"] = (plain, dataset)
+    if FLAGS.placement:  # Built outside the strategy: a placement runs under none.
+        runs["placement"] = (train_lib.build_gan(config, source.shape, source.num_classes,
+                                                 FLAGS.placement), dataset)
     meshes = {spec: MeshRun(config, source, dataset, spec) for spec in FLAGS.mesh or ()}
     # Interleaved, so a slow phase of the machine hits both alike.
     times = {name: [] for name in runs}
@@ -355,6 +369,13 @@ def main(argv):
             "step_time_s": round(base_time, 5), "images_per_sec": round(gb / base_time, 1),
             "all_step_times_s": [round(t, 4) for t in times["baseline"]]}
         result["speed_vs_baseline"] = round(base_time / step_time, 3)
+    if FLAGS.placement:
+        placed = min(times["placement"])
+        result["placement"] = {
+            "spec": FLAGS.placement, "step_time_s": round(placed, 5),
+            "images_per_sec": round(gb * config.train.d_steps / placed, 1),
+            f"speed_vs_{FLAGS.strategy}": round(step_time / placed, 3),
+            "all_step_times_s": [round(t, 4) for t in times["placement"]]}
     if meshes:
         nets = (model.generator, model.discriminator)
         result["params_per_device"] = {n.name: n.count_params() for n in nets}
