@@ -63,11 +63,14 @@ def check(dims, num_devices, device_type="CPU"):
             f"{', '.join(fitting(num_devices))}")
 
 
-def device_type():
-    """The accelerator a mesh is built on: TPU, else GPU, else (logical) CPU."""
+def device_type(physical=False):
+    """The accelerator a mesh is built on: TPU, else GPU, else (logical) CPU. physical:
+    from the physical devices, which can be listed before TensorFlow initializes (the
+    logical ones initialize it)."""
     import tensorflow as tf
+    listed = tf.config.list_physical_devices if physical else tf.config.list_logical_devices
     for kind in ("TPU", "GPU"):
-        if tf.config.list_logical_devices(kind):
+        if listed(kind):
             return kind
     return "CPU"
 
@@ -98,7 +101,6 @@ def make(dims, kind=None):
 # ---- several processes: DTensor clients ----------------------------------------------
 
 JOB = "worker"  # DTensor's job name for the clients (DTENSOR_JOB_NAME).
-_DT_VARS = ("DTENSOR_JOBS", "DTENSOR_CLIENT_ID", "DTENSOR_NUM_CLIENTS", "DTENSOR_JOB_NAME")
 
 
 def client_env(hosts, index):
@@ -154,17 +156,7 @@ def client_env_from(env=None):
     return {}
 
 
-def physical_device_type():
-    """TPU, else GPU, else CPU, from the physical devices: readable before TensorFlow
-    initializes (initialize must come first), unlike `device_type`."""
-    import tensorflow as tf
-    for kind in ("TPU", "GPU"):
-        if tf.config.list_physical_devices(kind):
-            return kind
-    return "CPU"
-
-
-def initialize(num_cpu_devices=None, env=None):
+def initialize(num_cpu_devices=None):
     """Starts this process's part of the mesh: the DTENSOR_* variables (client_env_from)
     into os.environ, then `dtensor.initialize_accelerator_system`. Must run before any
     other TensorFlow op, like MultiWorkerMirroredStrategy. With several clients each
@@ -175,14 +167,13 @@ def initialize(num_cpu_devices=None, env=None):
     Args:
         num_cpu_devices: logical CPU devices per process (the CPU's devices when there is
             no accelerator); None: as configured.
-        env: the environment to read (default os.environ, which is updated either way).
 
     Returns:
         The device type ("CPU", "GPU" or "TPU").
     """
     from tensorflow.experimental import dtensor
-    os.environ.update(client_env_from(os.environ if env is None else env))
-    kind = physical_device_type()
+    os.environ.update(client_env_from(os.environ))
+    kind = device_type(physical=True)
     if num_cpu_devices is not None and num_cpu_devices < 1:
         raise errors.ConfigError(f"--num_cpu_devices must be >= 1; Received: "
                                  f"{num_cpu_devices}")
