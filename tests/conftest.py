@@ -5,6 +5,7 @@ another in a process share collective keys and abort each other (tensorflow#6131
 other replica counts run in subprocesses (the real binary).
 """
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -38,6 +39,14 @@ def run_cmd(args, timeout=300, env=None):
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.run([sys.executable] + list(args), cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
+
+
+def run_cmds(arg_lists, timeout=300, env=None, workers=2):
+    """run_cmd for each of `arg_lists`, `workers` at a time; results in order. For
+    commands that fail early (bad input): each spends its seconds starting Python and
+    importing TensorFlow, mostly on one core, so two share the 2 cores well."""
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda args: run_cmd(args, timeout, env), arg_lists))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from conftest import run_cmd
+from conftest import run_cmd, run_cmds
 from tf_gan_scale import classifier, data, errors
 
 # Measured: 60 steps of batch 64 give held-out accuracy 0.878 / 0.867 / 0.900 for seeds
@@ -254,8 +254,8 @@ def test_tool_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
                                                                 "source; valid: embedded:digits"),
         ([digits], "--config and --output are required"),
     ]
-    for args, message in cases:
-        proc = run_cmd(["tools/train_classifier.py", *args])
+    procs = run_cmds([["tools/train_classifier.py", *args] for args, _ in cases])
+    for (args, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr and proc.stdout == "", args
         errors_ = _error_lines(proc)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY, run_cmd
+from conftest import TINY, run_cmd, run_cmds
 
 pytestmark = pytest.mark.slow
 
@@ -143,12 +143,14 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(tmp_path):
     workdir = tmp_path / "run"
     train(workdir, steps=2)
     before = tree_digest(workdir)
-    for args, message in BAD:
+    commands = []
+    for args, _ in BAD:
         # A --config in args replaces TINY's (naming two is an error of its own).
         tiny = [a for a in TINY if not (a.startswith("--config=") and
                                         any(b.startswith("--config=") for b in args))]
-        proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *tiny,
-                        "--config.train.num_steps=4", *args])
+        commands.append(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *tiny,
+                         "--config.train.num_steps=4", *args])
+    for (args, message), proc in zip(BAD, run_cmds(commands)):
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert len(errors) == 1 and message in errors[0], (args, errors)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import run_cmd
+from conftest import run_cmd, run_cmds
 
 # experiments/mnist.py shrunk to the embedded 8x8 digits: a conditional BigGAN with EMA.
 TINY_BIGGAN = ["--config=experiments/mnist.py", "--config.data.source=embedded:digits",
@@ -110,13 +110,16 @@ def test_bad_conditional_configs_exit_2_before_writing(tmp_path):
         (["--config.model.bottom_width=5"], "bottom_width 5 makes 10x10 images"),
         (["--config.train.augment=flip"], "unknown augmentation 'flip'"),
     ]
-    for flags, needle in cases:
+    commands = []
+    for flags, _ in cases:
         args = ["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY_BIGGAN, *flags]
         if "dcgan" in flags[0]:  # dcgan's own options, so only `conditional` is wrong.
             args = ["-m", "tf_gan_scale.main", f"--workdir={workdir}",
                     "--config=experiments/digits.py", "--config.model.conditional=true"]
-        assert_bad(run_cmd(args), needle)
-        assert not workdir.exists(), flags
+        commands.append(args)
+    for (flags, needle), proc in zip(cases, run_cmds(commands)):
+        assert_bad(proc, needle)
+    assert not workdir.exists()
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, TINY, run_cmd
+from conftest import REPO, TINY, run_cmd, run_cmds
 
 pytestmark = pytest.mark.slow
 METRICS = "fid,kid,is,pr"
@@ -132,8 +132,8 @@ def test_bad_input_is_one_line_exit_2(scored_run, tmp_path):
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--reference=npz:" +
           str(rgb)], "takes images (8, 8, 1), the data has shape (8, 8, 3)"),
     ]
-    for args, message in cases:
-        proc = run_cmd(["tools/evaluate.py", *args])
+    procs = run_cmds([["tools/evaluate.py", *args] for args, _ in cases])
+    for (args, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         lines = proc.stderr.strip().splitlines()
         assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-2:])

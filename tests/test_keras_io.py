@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY, run_cmd
+from conftest import TINY, run_cmd, run_cmds
 from mw_helpers import assert_same_checkpoint, checkpoint_arrays
 
 pytestmark = pytest.mark.slow
@@ -84,8 +84,8 @@ def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
         ([f"--from_keras={tmp_path / 'text.keras'}", f"--workdir={tmp_path / 'new'}", *TINY],
          "not a .keras file (not a zip archive)"),
     ]
-    for args, message in cases:
-        proc = tool(*args)
+    procs = run_cmds([["tools/keras_file.py", *args] for args, _ in cases])
+    for (args, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         lines = proc.stderr.strip().splitlines()
         assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-3:])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cmd
+from conftest import REPO, run_cmd, run_cmds
 from mw_helpers import assert_same_checkpoint, checkpoint_arrays
 from tf_gan_scale import data, errors, train_lib
 from tf_gan_scale.parallel import placement
@@ -85,7 +85,7 @@ def test_placed_run_equals_one_device(tmp_path):
     assert '"placement": "g:0,d:1"' in (runs["placed"] / "run.json").read_text()
 
 
-@pytest.mark.parametrize("flags, message", [
+BAD = [
     (["--placement=g:0,d:2", "--num_cpu_devices=2"],
      "--placement=g:0,d:2: device 2 but the process has 2 CPU device(s) (0..1)"),
     (["--placement=g:0,d:1"],  # The CPU not split: one device.
@@ -97,13 +97,17 @@ def test_placed_run_equals_one_device(tmp_path):
     (["--placement=g:0,d:1", "--mesh=batch:1,model:2"], "one of them"),
     (["--placement=g:0,d:1", "--num_cpu_devices=2", "--config.train.jit_compile=true"],
      "XLA compiles a step for one device"),
-])
-def test_bad_placement_exits_2_before_writing(tmp_path, flags, message):
+]
+
+
+def test_bad_placement_exits_2_before_writing(tmp_path):
     marker = tmp_path / "keep.txt"
     marker.write_text("existing run")
-    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *SGD, *flags])
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr.strip().splitlines()[-1]
+    procs = run_cmds([["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *SGD, *flags]
+                      for flags, _ in BAD])
+    for (flags, message), proc in zip(BAD, procs):
+        assert proc.returncode == 2, (flags, proc.stderr[-2000:])
+        assert message in proc.stderr.strip().splitlines()[-1], flags
     assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY, run_cmd
+from conftest import TINY, run_cmd, run_cmds
 
 TOL = 1e-5
 # Adam (the digits config's), D without batch norm; checkpoints at 5 and 10.
@@ -85,7 +85,7 @@ def test_mesh_run_equals_one_device_and_resumes_on_either(tmp_path):
     np.testing.assert_allclose(out[mesh], out[one], atol=1e-4)
 
 
-@pytest.mark.parametrize("flags, message", [
+BAD = [
     (["--mesh=batch:3,model:1"], "needs 3 devices, the run has 2 CPU; meshes that fit: "
                                  "batch:2,model:1, batch:1,model:2"),
     (["--mesh=batch:2,rows:1"], "unknown axis 'rows'"),
@@ -97,12 +97,22 @@ def test_mesh_run_equals_one_device_and_resumes_on_either(tmp_path):
     ([MESH, "--config.train.ema.decay=0.999"], "not supported on a mesh yet: "
                                                "config.train.ema.decay=0.999"),
     ([MESH, "--config.train.g_optimizer.name=adamw"], "optimizer AdamW"),
-])
-def test_bad_mesh_input_exits_2_before_writing(tmp_path, flags, message):
+    # TF_CONFIG names a cluster: this process joins it as a DTensor client, and the
+    # cluster must be sound before anything starts.
+    ([MESH, "--config.train.num_steps=1"], "bad DTensor cluster"),
+]
+
+
+def test_bad_mesh_input_exits_2_before_writing(tmp_path):
     marker = tmp_path / "keep.txt"
     marker.write_text("existing run")
-    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *RUN, *flags])
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr.strip().splitlines()[-1]
+    env = {"DTENSOR_JOBS": "localhost:1,localhost:2", "DTENSOR_CLIENT_ID": "2"}
+    procs = run_cmds([["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *RUN, *flags]
+                      for flags, _ in BAD[:-1]])
+    procs.append(run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *RUN,
+                          *BAD[-1][0]], env=env))
+    for (flags, message), proc in zip(BAD, procs):
+        assert proc.returncode == 2, (flags, proc.stderr[-2000:])
+        assert message in proc.stderr.strip().splitlines()[-1], flags
     assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
     assert marker.read_text() == "existing run"

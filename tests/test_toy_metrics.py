@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import run_cmd
+from conftest import run_cmd, run_cmds
 from tf_gan_scale import data, toy_metrics
 from tf_gan_scale.data.sources import toy_centers
 
@@ -160,8 +160,8 @@ def test_tool_bad_input_is_one_line_exit_2(toy_run, tmp_path):
         ([f"--workdir={toy_run}", f"--checkpoint={toy_run}/checkpoints/ckpt-7"],
          "no checkpoint"),
     ]
-    for args, message in cases:
-        proc = toy_tool(*args)
+    procs = run_cmds([["tools/toy_metrics.py", *map(str, args)] for args, _ in cases])
+    for (args, message), proc in zip(cases, procs):
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-1])

@@ -92,22 +92,6 @@ def main(argv):
     if spec and place:
         raise errors.ConfigError(f"--mesh={spec} and --placement={place}: one of them; "
                                  f"valid: a mesh splits weights, a placement whole networks")
-    if place:  # G and D on two devices of this process, under no strategy.
-        from tf_gan_scale.parallel import placement
-        _check_alone("placement", place)
-        placement.check(place, 1, False)  # Bad specs first; the rest in train_lib.validate.
-        num_tasks, _ = distribute.cluster_from_env()
-        if num_tasks > 1:
-            raise errors.ConfigError(f"--placement={place} runs in one process, but the "
-                                     f"environment describes a cluster of {num_tasks} tasks; "
-                                     f"valid: one process, or --mesh / a strategy")
-        distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
-        import tensorflow as tf
-        from tf_gan_scale import train_lib
-        strategy = tf.distribute.get_strategy()
-        _train(lambda: train_lib.run(config, FLAGS.workdir, strategy,
-                                     tfds_data_dir=FLAGS.tfds_data_dir), strategy)
-        return
     if spec:  # A DTensor mesh instead of a tf.distribute strategy.
         from tf_gan_scale.parallel import mesh as mesh_lib
         _check_alone("mesh", spec)
@@ -119,12 +103,25 @@ def main(argv):
         _train(lambda: training.run(config, FLAGS.workdir, dims,
                                     tfds_data_dir=FLAGS.tfds_data_dir), mesh_lib.cluster())
         return
-    # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
+    if place:  # G and D on two devices of this process, under no strategy.
+        from tf_gan_scale.parallel import placement
+        _check_alone("placement", place)
+        placement.check(place, 1, False)  # Bad specs first; the rest in train_lib.validate.
+        num_tasks, _ = distribute.cluster_from_env()
+        if num_tasks > 1:
+            raise errors.ConfigError(f"--placement={place} runs in one process, but the "
+                                     f"environment describes a cluster of {num_tasks} tasks; "
+                                     f"valid: one process, or --mesh / a strategy")
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
-    strategy = distribute.make_strategy(
-        FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu, collective=FLAGS.collective,
-        cluster_resolver=FLAGS.cluster_resolver, peer_timeout_s=FLAGS.peer_timeout_s,
-        num_cpu_devices=FLAGS.num_cpu_devices)
+    if place:
+        import tensorflow as tf
+        strategy = tf.distribute.get_strategy()  # The default one: nothing mirrored.
+    else:
+        # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
+        strategy = distribute.make_strategy(
+            FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu,
+            collective=FLAGS.collective, cluster_resolver=FLAGS.cluster_resolver,
+            peer_timeout_s=FLAGS.peer_timeout_s, num_cpu_devices=FLAGS.num_cpu_devices)
     from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
     _train(lambda: train_lib.run(config, FLAGS.workdir, strategy,
                                  tfds_data_dir=FLAGS.tfds_data_dir), strategy)
