@@ -84,6 +84,26 @@ def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
         step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
 
 
+def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():
+    # SNGAN's residual D pools with AveragePooling2D, whose gradient DTensor cannot
+    # expand ("tf.AvgPoolGrad op does not implement layout propagation" in the first D
+    # update): one line instead, before any weight is moved.
+    import keras
+
+    from tf_gan_scale import architectures, errors, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("resnet", data_shape=(8, 8, 1), latent_dim=4,
+                               g_channels=(8, 8), d_channels=(8, 8, 8), d_downsample=2)
+    model = gan_lib.GAN(g, d, latent_dim=4)
+    model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD())
+    dims = {"batch": 1, "model": 2}
+    with pytest.raises(errors.ConfigError, match=r"not supported on a mesh yet: "
+                                                 r"AveragePooling2D in discriminator; "):
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
+    from tensorflow.experimental import dtensor
+    assert not any(isinstance(w._value, dtensor.DVariable) for w in g.weights + d.weights)
+
+
 def test_adam_moments_are_split_like_their_weights():
     import keras
     from tensorflow.experimental import dtensor

@@ -41,6 +41,24 @@ def _optimizer_name(opt):
     return name
 
 
+# Layers whose ops DTensor cannot expand on a mesh (a ConfigError before anything runs,
+# not an error inside the first step): AveragePooling2D's gradient, AvgPoolGrad, has no
+# layout propagation (SNGAN's and BigGAN's residual D blocks).
+UNSUPPORTED_LAYERS = ("AveragePooling2D",)
+
+
+def _unsupported_layers(models):
+    """["AveragePooling2D in discriminator", ...] for the layers of `models` a mesh cannot
+    run."""
+    found = []
+    for model in models:
+        kinds = sorted({type(layer).__name__ for layer in
+                        model._flatten_layers(include_self=False, recursive=True)
+                        if type(layer).__name__ in UNSUPPORTED_LAYERS})
+        found += [f"{kind} in {model.name}" for kind in kinds]
+    return found
+
+
 class ReadOnceOptimizer:
     """Runs a built Keras SGD or Adam over (possibly sharded) DVariables, reading each
     variable and slot once and writing it once per update (Keras' own update reads
@@ -137,7 +155,7 @@ class MeshTrainer:
     Not yet on a mesh (a ConfigError, not a silently different run): gradient
     accumulation, mixed_float16 loss scaling, gradient penalties (D called twice in one
     function: its stateful layers would hit the read-after-write trap), LeCam, the EMA
-    generator.
+    generator, and the layers of UNSUPPORTED_LAYERS.
     """
 
     def __init__(self, gan, mesh, weight_plan):
@@ -151,6 +169,7 @@ class MeshTrainer:
             "ema": gan.ema is not None,
         }
         bad = [name for name, on in unsupported.items() if on]
+        bad += _unsupported_layers((gan.generator, gan.discriminator))
         if bad:
             raise errors.ConfigError(f"not supported on a mesh yet: {', '.join(bad)}; "
                                      f"valid: run them with a tf.distribute strategy")
