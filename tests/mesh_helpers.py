@@ -12,7 +12,7 @@ import sys
 GB = 8
 
 
-def config(arch, optimizer, d_steps=1):
+def config(arch, optimizer, d_steps=1, ema=False):
     import ml_collections
     from tf_gan_scale import configs
     c = configs.base()
@@ -33,30 +33,36 @@ def config(arch, optimizer, d_steps=1):
         c.model.d_norm = "none"
     c.train.global_batch_size = GB
     c.train.d_steps = d_steps
+    if ema:  # A copy for 2 steps, then the decay ramping up over 3: the whole schedule.
+        c.train.ema.decay, c.train.ema.start, c.train.ema.warmup = 0.8, 2, 3
     lr = 0.1 if optimizer == "sgd" else 1e-3
     c.train.d_optimizer = c.train.g_optimizer = {"name": optimizer, "learning_rate": lr}
     return c
 
 
 def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0,
-                d_steps=1, convs=False):
+                d_steps=1, convs=False, ema=False):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
     fused=True runs D's and G's mesh updates in ONE tf.function (the stale-weights bug);
     lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
     convs=True splits every convolution the model axis divides (the policy's size
-    threshold at 0): "split_convs" counts them."""
+    threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
+    compares its weights ("ema_diff")."""
     import numpy as np
     import tensorflow as tf
     from tf_gan_scale import data, train_lib
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
-    c = config(arch, optimizer, d_steps)
+    c = config(arch, optimizer, d_steps, ema)
     source = data.load(c.data.source)
     ref = train_lib.build_gan(c, source.shape, 0)
     for opt in (c.train.d_optimizer, c.train.g_optimizer):
         opt.learning_rate *= lr_scale
     mesh_gan = train_lib.build_gan(c, source.shape, 0)
-    for a, b in ((ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)):
+    pairs = [(ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)]
+    if ema:
+        pairs.append((ref.ema.model, mesh_gan.ema.model))
+    for a, b in pairs:
         b.set_weights(a.get_weights())
     rng = np.random.default_rng(0)
     # d_steps real batches per GAN step.
@@ -93,15 +99,16 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
         trainer.train_step = fused_step
     for xs in batches:
         d_loss, g_loss = trainer.train_step([trainer.batch(x) for x in xs])
-    diff = 0.0
-    for a_net, b_net in ((ref.generator, mesh_gan.generator),
-                         (ref.discriminator, mesh_gan.discriminator)):
-        for a, b in zip(a_net.weights, b_net.weights):
-            diff = max(diff, float(np.abs(a.numpy().astype(np.float64)
-                                          - layouts.gather(b).astype(np.float64)).max()))
+    def gap(a_net, b_net):
+        return max(float(np.abs(a.numpy().astype(np.float64)
+                                - layouts.gather(b).astype(np.float64)).max())
+                   for a, b in zip(a_net.weights, b_net.weights))
+
+    diff = max(gap(a, b) for a, b in pairs[:2])
+    ema_diff = gap(*pairs[2]) if ema else None
     return {"max_diff": diff, "d_loss": [float(out["d_loss"]), d_loss],
             "g_loss": [float(out["g_loss"]), g_loss], "step": trainer.step,
-            "split_convs": split_convs}
+            "split_convs": split_convs, "ema_diff": ema_diff}
 
 
 if __name__ == "__main__":

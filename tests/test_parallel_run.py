@@ -1,5 +1,6 @@
 """The training binary on a DTensor mesh (`--mesh`): equal to one device, checkpoints that
-move between topologies with the optimizer's moments, samples, and bad input.
+move between topologies with the optimizer's moments and the EMA generator, samples (of
+the EMA generator), and bad input.
 
 Each run is the real binary (`python -m tf_gan_scale.main`) on 2 logical CPUs. The
 equivalence compares every variable of the checkpoints (weights, batch-norm statistics,
@@ -21,8 +22,10 @@ import tensorflow as tf
 from conftest import TINY, run_cmd, run_cmds
 
 TOL = 1e-5
-# Adam (the digits config's), D without batch norm; checkpoints at 5 and 10.
+# Adam (the digits config's), D without batch norm, an EMA generator (a copy up to step 2,
+# then decay 0.8: checkpointed, sampled); checkpoints at 5 and 10.
 RUN = TINY + ["--config.model.d_norm=none", "--config.train.num_steps=10",
+              "--config.train.ema.decay=0.8", "--config.train.ema.start=2",
               "--num_cpu_devices=2"]
 MESH = "--mesh=batch:1,model:2"
 
@@ -66,6 +69,7 @@ def test_mesh_run_equals_one_device_and_resumes_on_either(tmp_path):
     train(one, "--strategy=one_device")
     for step in (5, 10):
         assert (mesh / "samples" / f"step_{step:07d}.png").is_file()
+    assert any(k.startswith("ema_generator/") for k in variables(f"{mesh}/checkpoints/ckpt-10"))
     assert gap(f"{one}/checkpoints/ckpt-10", f"{mesh}/checkpoints/ckpt-10") < TOL
     # Trained on the mesh to 5, resumed on one device to 10 -- and the other way round.
     resume_from_5(mesh, tmp_path / "mesh_then_one")
@@ -94,8 +98,8 @@ BAD = [
      "layout override 'generator/nope' matches no weight"),
     ([MESH, "--config.parallel.layouts=(('generator/dense/kernel', 'model,model'),)"],
      "splits two dimensions over the same axis"),
-    ([MESH, "--config.train.ema.decay=0.999"], "not supported on a mesh yet: "
-                                               "config.train.ema.decay=0.999"),
+    ([MESH, "--config.train.lecam_weight=0.1"], "not supported on a mesh yet: "
+                                                "config.train.lecam_weight=0.1"),
     ([MESH, "--config.train.g_optimizer.name=adamw"], "optimizer AdamW"),
     # TF_CONFIG names a cluster: this process joins it as a DTensor client, and the
     # cluster must be sound before anything starts.

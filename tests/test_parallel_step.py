@@ -48,6 +48,14 @@ def test_mesh_equals_one_device(spec, arch, optimizer, d_steps, convs):
 
 
 @pytest.mark.slow
+def test_the_ema_generator_on_a_mesh_equals_one_device():
+    # decay 0.8 after a 2-step copy, ramped over 3 steps (mesh_helpers.config): the EMA
+    # weights of both runs, updated in the mesh's own EMA function after G's.
+    out = equivalence("batch:1,model:2", "dcgan", "sgd", steps=10, ema=True)
+    assert out["max_diff"] < TOL and out["ema_diff"] < TOL, out
+
+
+@pytest.mark.slow
 def test_a_doubled_learning_rate_misses_by_orders_of_magnitude():
     # What a gradient scaled by 2 does to SGD (the equivalence cases above catch a wrong
     # global batch inside the step itself).

@@ -152,10 +152,13 @@ class MeshTrainer:
         mesh: dtensor.Mesh with axes ("batch", "model").
         weight_plan: {weight path: spec} (layouts.plan).
 
+    The EMA generator, if any, is split like G and updated in a function of its own,
+    after G's (it reads G's new weights).
+
     Not yet on a mesh (a ConfigError, not a silently different run): gradient
     accumulation, mixed_float16 loss scaling, gradient penalties (D called twice in one
-    function: its stateful layers would hit the read-after-write trap), LeCam, the EMA
-    generator, and the layers of UNSUPPORTED_LAYERS.
+    function: its stateful layers would hit the read-after-write trap), LeCam, and the
+    layers of UNSUPPORTED_LAYERS.
     """
 
     def __init__(self, gan, mesh, weight_plan):
@@ -166,7 +169,6 @@ class MeshTrainer:
                 gan.g_optimizer, keras.optimizers.LossScaleOptimizer),
             "penalty": gan.penalty_fn is not None,
             "lecam_weight": bool(gan.lecam_weight),
-            "ema": gan.ema is not None,
         }
         bad = [name for name, on in unsupported.items() if on]
         bad += _unsupported_layers((gan.generator, gan.discriminator))
@@ -178,10 +180,17 @@ class MeshTrainer:
         self.gan, self.mesh = gan, mesh
         gan._mesh = mesh  # GAN._join then stacks [real; fake] (no concat on a split axis).
         layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
+        if gan.ema is not None:  # The EMA copy of G: each weight laid out as G's twin.
+            ema = gan.ema.model
+            layouts.shard((ema,), mesh, {
+                layouts.weight_path(ema, e): weight_plan[layouts.weight_path(gan.generator, w)]
+                for e, w in zip(ema.weights, gan.generator.weights)})
         self.d_opt = ReadOnceOptimizer(gan.d_optimizer, mesh)
         self.g_opt = ReadOnceOptimizer(gan.g_optimizer, mesh)
         self._d_fn = tf.function(self._d_update)
         self._g_fn = tf.function(self._g_update)
+        # Its own function: it reads G's weights, which the G function writes.
+        self._ema_fn = tf.function(self._ema_update)
         self._sample_fn = None
 
     @property
@@ -202,6 +211,9 @@ class MeshTrainer:
         grads, share = self.gan._g_grads(self._rows(gb), gb, step)
         self.g_opt.apply(grads, t, lr)
         return share
+
+    def _ema_update(self, step):
+        self.gan.ema.update(self.gan.generator, step)
 
     def batch(self, real, labels=None):
         """Host arrays [GB, ...] (and labels [GB]) -> DTensors split over "batch"."""
@@ -230,6 +242,8 @@ class MeshTrainer:
         g_loss = self._g_fn(tf.constant(gb), step_t, tf.constant(step + 1, tf.float32),
                             tf.constant(self.g_opt.lr(step), tf.float32))
         self.g_opt.count(step + 1)
+        if self.gan.ema is not None:  # As GAN._g_update: the step counted after the update.
+            self._ema_fn(tf.constant(step + 1, tf.int64))
         losses = float(layouts.gather(d_loss)), float(layouts.gather(g_loss))
         if not np.all(np.isfinite(losses)):
             raise errors.NonFiniteError(f"non-finite loss at step {step + 1} on the mesh: "
@@ -253,8 +267,9 @@ class HostView:
     trained on a mesh: `step`, `latent_dim`, `num_classes`, the optimizers' learning
     rates, `sampler` and `generate`.
 
-    Samples and scores run on `host_generator`, a plain Keras copy of G (same
-    architecture, TensorFlow's default device) refreshed from the mesh when `sampler` is
+    Samples and scores run on `host_generator`, a plain Keras copy of G, or of its EMA
+    copy when there is one (same architecture, TensorFlow's default device) refreshed
+    from the mesh when `sampler` is
     read at a new step, so sampling and evaluation code need no DTensor. It costs one
     gathered copy of G's weights in host memory.
 
@@ -264,7 +279,7 @@ class HostView:
     """
 
     def __init__(self, trainer, host_generator):
-        shapes = [tuple(w.shape) for w in trainer.gan.generator.weights]
+        shapes = [tuple(w.shape) for w in trainer.gan.sampler.weights]
         if [tuple(w.shape) for w in host_generator.weights] != shapes:  # Names differ (dense_1).
             raise ValueError("host_generator's weights differ from the mesh generator's")
         self.trainer, self.host_generator = trainer, host_generator
@@ -281,7 +296,7 @@ class HostView:
     @property
     def sampler(self):
         if self._synced != self.trainer.step:
-            for h, w in zip(self.host_generator.weights, self.trainer.gan.generator.weights):
+            for h, w in zip(self.host_generator.weights, self.trainer.gan.sampler.weights):
                 h.assign(layouts.gather(w))
             self._synced = self.trainer.step
         return self.host_generator

@@ -28,7 +28,6 @@ def check_config(config):
     """What the mesh cannot run yet, from the config alone (before data is read): one
     ConfigError naming every such setting. MeshTrainer checks the built GAN again."""
     t, m = config.train, config.model
-    ema = (t.get("ema") or {}).get("decay", 0.0)
     bad = {
         f"train.precision={t.get('precision', 'float32')!r}":
             t.get("precision", "float32") != "float32",
@@ -38,7 +37,6 @@ def check_config(config):
             t.get("accumulation_steps", 1) != 1,
         f"train.penalty={t.penalty!r}": t.penalty != "none",
         f"train.lecam_weight={t.get('lecam_weight', 0.0)}": bool(t.get("lecam_weight")),
-        f"train.ema.decay={ema}": bool(ema),
         # Batch norm on a mesh is over the global batch (DTensor's SPMD moments).
         f"model.sync_bn={m.get('sync_bn', True)}": not m.get("sync_bn", True),
         f"model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}":
@@ -48,7 +46,7 @@ def check_config(config):
     if bad:
         raise errors.ConfigError(
             f"not supported on a mesh yet: config.{', config.'.join(bad)}; valid: float32, "
-            f"no XLA, accumulation, penalty, LeCam or EMA, global batch norm -- or train "
+            f"no XLA, accumulation, penalty or LeCam, global batch norm -- or train "
             f"without a mesh (tf.distribute)")
 
 
