@@ -261,3 +261,34 @@ def test_logged_gradient_norms_are_the_global_ones(strategy_name, request):
         after = [v.numpy() for v in getattr(model, name).trainable_variables]
         step = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(after, before[name])))
         np.testing.assert_allclose(logs[key][0], step / 0.05, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ortho_weight", [0.0, 0.1])
+def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
+    # _g_grads back-propagates D's stage to d loss / d fake, then G's (so a placement can
+    # run each on its device): it must be the gradient of one tape over G, D and the
+    # orthogonal regularizer. Dropout on in D, batch norm in both.
+    from tf_gan_scale import regularizers
+    keras.utils.set_random_seed(0)
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
+                               d_dropout=0.3, d_norm="batch", g_channels=(16, 8, 4),
+                               d_channels=(4, 8))
+    model = gan.GAN(g, d, LATENT, seed=5)
+    model.compile(g_optimizer=keras.optimizers.SGD(), d_optimizer=keras.optimizers.SGD(),
+                  ortho_weight=ortho_weight)
+    rows, step = tf.range(GB), tf.constant(3, tf.int64)
+    state = [w.numpy() for w in model.generator.weights + model.discriminator.weights]
+    grads, share = model._g_grads(rows, GB, step)
+    for w, value in zip(model.generator.weights + model.discriminator.weights, state):
+        w.assign(value)  # The same BN statistics and dropout counters again.
+    z = latents.rows_normal(latents.key(model.seed, step, latents.G_PHASE), rows, [LATENT])
+    with tf.GradientTape() as tape:
+        fake = gan.call_generator(model.generator, z, training=True)
+        logits = model._discriminate(fake, None, training=True)
+        want = replica.global_mean(model.loss_fn(real_logits=logits, fake_logits=logits).g, GB)
+        if ortho_weight:
+            want += ortho_weight * regularizers.orthogonal(gan._ortho_weights(model.generator))
+    expected = tape.gradient(want, model.generator.trainable_variables)
+    np.testing.assert_allclose(float(share), float(want), rtol=1e-6)
+    for got, ref in zip(grads, expected):
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-7)

@@ -7,6 +7,7 @@ client is lost.
 import json
 import os
 import signal
+import sys
 
 import pytest
 
@@ -47,11 +48,16 @@ def test_dtensor_variables_win_and_are_checked():
     cfg = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}
     env = {**dtensor_env(1), "TF_CONFIG": json.dumps(cfg)}
     assert mesh_lib.client_env_from(env) == {}  # Already set: kept as they are.
+    # None: unset. DTensor itself takes a missing client id for 0: two chiefs.
     for bad in ({"DTENSOR_CLIENT_ID": "2"}, {"DTENSOR_NUM_CLIENTS": "3"},
-                {"DTENSOR_CLIENT_ID": "one"}, {"DTENSOR_JOBS": "10.0.0.1,10.0.0.2"}):
+                {"DTENSOR_CLIENT_ID": "one"}, {"DTENSOR_JOBS": "10.0.0.1,10.0.0.2"},
+                {"DTENSOR_CLIENT_ID": None}):
+        env = {k: v for k, v in {**dtensor_env(1), **bad}.items() if v is not None}
         with pytest.raises(errors.ConfigError, match="bad DTensor cluster: DTENSOR_JOBS=.*"
                                                      "valid: DTENSOR_JOBS=host:port"):
-            mesh_lib.client_env_from({**dtensor_env(1), **bad})
+            mesh_lib.client_env_from(env)
+    one = {"DTENSOR_JOBS": "localhost:1"}  # One client: its id may be left out.
+    assert mesh_lib.client_env_from(one) == {}
 
 
 def test_launcher_starts_dtensor_clients():
@@ -152,3 +158,97 @@ def test_a_lost_client_fails_the_other_loudly(tmp_path):
         "[worker 0] error: multi-worker run aborted, lost /job:worker/replica:0/task:1"), \
         launcher.text()[-3000:]
     assert "worker 1 exited with code 137" in launcher.text()
+
+
+@pytest.mark.slow  # 2 clients that fail before training, ~30 s with the setup run.
+def test_clients_that_restore_different_steps_refuse_to_train(tmp_path):
+    """Each client reads the workdir it is given: one that is not shared (here, a
+    directory per client) would resume client 0 at step 5 and client 1 at 0, and their
+    collectives would not match. Both stop with one line, before writing anything."""
+    base = tmp_path / "per_client"
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={base / '0'}", *ARGS,
+                    "--config.train.num_steps=5", "--strategy=one_device"], env=NO_GCE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before = sorted(os.listdir(base / "0" / "checkpoints"))
+    # bash picks the client's own directory; launch_local adds --mesh after "$@".
+    proc = run_cmd(["tools/launch_local.py", "--num_workers=2", "--mesh=batch:2,model:1",
+                    "--", "bash", "-c",
+                    'exec "$0" -m tf_gan_scale.main --workdir="$BASE/$DTENSOR_CLIENT_ID" "$@"',
+                    sys.executable, *ARGS], env={**NO_GCE, "BASE": str(base)}, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if "error:" in ln]
+    for client, step in ((0, 5), (1, 0)):
+        expected = (f"[worker {client}] error: the clients restored different steps (0 to "
+                    f"5; client {client}: {step}) from --workdir={base / str(client)}; valid: "
+                    f"one directory that every client shares")
+        assert any(ln.startswith(expected) for ln in lines), proc.stdout[-3000:]
+    assert not (base / "1").exists() or not os.listdir(base / "1")
+    assert sorted(os.listdir(base / "0" / "checkpoints")) == before
+
+
+class _View:
+    """What the callbacks read of a mesh run's HostView; counts refreshes of G's copy."""
+
+    def __init__(self):
+        import keras
+        self.latent_dim, self.num_classes, self.stop_training = 4, 0, False
+        self.g_optimizer = self.d_optimizer = keras.optimizers.SGD(0.1)
+        self.current, self.refreshed = 0, []
+
+    @property
+    def step(self):
+        import tensorflow as tf
+        return tf.constant(self.current, tf.int64)
+
+    @property
+    def sampler(self):
+        if self.current not in self.refreshed:  # As HostView: once per step.
+            self.refreshed.append(self.current)
+        return None
+
+    def generate(self, z, labels=None):
+        import tensorflow as tf
+        self.sampler  # noqa: B018
+        return tf.zeros((len(z), 8, 8, 1))
+
+
+@pytest.mark.parametrize("chief", [True, False])
+def test_every_client_refreshes_g_and_saves_at_the_same_steps(tmp_path, monkeypatch, chief):
+    """The chief's sample grids (every 5 steps) and scores (every 7) gather G's host copy;
+    another client must gather at exactly those steps too (SyncHost, and its scores), and
+    write its part of each checkpoint at the chief's steps, recording none."""
+    import tensorflow as tf
+    from tf_gan_scale import configs, data
+    from tf_gan_scale.parallel import training
+    config = configs.base()
+    config.train.num_steps, config.train.sample_every, config.train.checkpoint_every = 10, 5, 5
+    config.eval.every, config.eval.best = 7, ""
+    monkeypatch.setattr(mesh_lib, "clients", lambda: (0, 1) if chief else (1, 2))
+    monkeypatch.setattr(mesh_lib, "cluster",
+                        lambda: __import__("types").SimpleNamespace(cluster_resolver=None))
+    view = _View()
+
+    def score():
+        view.sampler  # noqa: B018
+        return {"fid": 1.0, "extractor": "test", "num_samples": 2}
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    cbs = training.callbacks_for(config, data.load(config.data.source), None, checkpoint,
+                                 str(tmp_path), 0, 0, score)
+    for cb in cbs:
+        cb.set_model(view)
+    for cb in cbs:
+        cb.on_train_begin()
+    for step in range(1, 11):
+        view.current = step
+        for cb in cbs:
+            cb.on_train_batch_end(step - 1, {"d_loss": 1.0, "g_loss": 1.0})
+    for cb in cbs:
+        cb.on_train_end()
+    assert view.refreshed == [5, 7, 10]
+    saved = sorted(f for f in os.listdir(tmp_path / "checkpoints") if f.endswith(".index"))
+    assert saved == ["ckpt-10.index", "ckpt-5.index"]
+    # Only the chief records checkpoints (the index) and writes run.json and samples.
+    assert (tmp_path / "checkpoints" / "checkpoint").exists() == chief
+    assert (tmp_path / "run.json").exists() == chief
+    assert (tmp_path / "samples").exists() == chief

@@ -228,3 +228,30 @@ def test_checkpoints_move_between_sharded_and_plain_weights(tmp_path, model_mesh
         np.testing.assert_array_equal(layouts.gather(w), want)
     if direction == "plain_to_sharded":
         assert layouts.local_shapes(target.weights[0]) == [(6, 16), (6, 16)]  # Still split.
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_tap_sum_convolutions_equal_keras(transposed):
+    # parallel/conv.py on one device, without a mesh: every padding it takes (Conv2D
+    # "same" and "valid", Conv2DTranspose "same"), odd and even kernels, strides 1-3,
+    # non-square inputs. Values and output shapes as Keras' (float32 summation order).
+    import itertools
+
+    import keras
+
+    from tf_gan_scale.parallel import conv
+    rng = np.random.default_rng(0)
+    paddings = ("same",) if transposed else ("same", "valid")
+    for (h, w), k, s, padding in itertools.product(
+            ((7, 7), (8, 6), (5, 9)), ((1, 1), (3, 3), (4, 4), (5, 3), (2, 4)),
+            ((1, 1), (2, 2), (3, 1)), paddings):
+        if padding == "valid" and (h < k[0] or w < k[1]):
+            continue
+        kind = keras.layers.Conv2DTranspose if transposed else keras.layers.Conv2D
+        layer = kind(3, k, strides=s, padding=padding, use_bias=False)
+        x = rng.standard_normal((2, h, w, 2)).astype(np.float32)
+        want = layer(x).numpy()
+        got = (conv.conv2d_transpose(tf.constant(x), layer.kernel, s) if transposed else
+               conv.conv2d(tf.constant(x), layer.kernel, s, padding)).numpy()
+        assert got.shape == want.shape, (h, w, k, s, padding)
+        np.testing.assert_allclose(got, want, atol=2e-6, err_msg=str((h, w, k, s, padding)))

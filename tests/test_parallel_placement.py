@@ -47,27 +47,32 @@ def sgd_config(accumulation_steps=2):
 
 
 def test_each_network_its_device_forward_and_backward():
+    # G on CPU:1, away from TensorFlow's default device, so nothing of G lands there by
+    # default; Adam for both (moments beside their weights), an EMA copy of G.
     config = sgd_config()
-    config.train.g_optimizer.name = "adam"  # Slots beside their weights.
+    config.train.g_optimizer.name = config.train.d_optimizer.name = "adam"
+    config.train.ema.decay = 0.9
     source = data.load(config.data.source)
-    gan = train_lib.build_gan(config, source.shape, 0, "g:0,d:1")
-    devices = {net: {w._value.device.rsplit("/", 1)[-1] for w in model.weights}
-               for net, model in (("g", gan.generator), ("d", gan.discriminator))}
-    assert devices == {"g": {"device:CPU:0"}, "d": {"device:CPU:1"}}
-    slots = {v._value.device.rsplit("/", 1)[-1] for v in gan.g_optimizer.variables
-             if len(v.shape)}  # Moments (not the scalar counters).
-    assert slots == {"device:CPU:0"}
+    gan = train_lib.build_gan(config, source.shape, 0, "g:1,d:0")
+
+    def devices(variables):
+        return {v._value.device.rsplit("/", 1)[-1] for v in variables}
+
+    assert devices(gan.generator.weights) == devices(gan.ema.model.weights) == {"device:CPU:1"}
+    assert devices(gan.discriminator.weights) == {"device:CPU:0"}
+    for opt, device in ((gan.g_optimizer, "device:CPU:1"), (gan.d_optimizer, "device:CPU:0")):
+        assert devices(v for v in opt.variables if len(v.shape)) == {device}  # Moments.
     batch = next(iter(data.make_dataset(source, global_batch_size=32, seed=0)))
     graph = tf.function(gan.train_step).get_concrete_function(batch).graph
     ops = collections.Counter((op.type, op.device.rsplit("/", 1)[-1]) for op in
                               graph.get_operations() if op.type.startswith("Conv2D"))
-    # D: 2 convolutions (Conv2D forward, Conv2DBackprop* backward), on CPU:1; G: 3
+    # D: 2 convolutions (Conv2D forward, Conv2DBackprop* backward), on CPU:0; G: 3
     # transposed ones (forward Conv2DBackpropInput, backward Conv2D and
-    # Conv2DBackpropFilter), on CPU:0: in both updates, for 2 micro-batches each.
-    assert ops == {("Conv2D", "device:CPU:1"): 8, ("Conv2DBackpropFilter", "device:CPU:1"): 8,
-                   ("Conv2DBackpropInput", "device:CPU:1"): 8,
-                   ("Conv2DBackpropInput", "device:CPU:0"): 12,
-                   ("Conv2D", "device:CPU:0"): 6, ("Conv2DBackpropFilter", "device:CPU:0"): 6}
+    # Conv2DBackpropFilter), on CPU:1: in both updates, for 2 micro-batches each.
+    assert ops == {("Conv2D", "device:CPU:0"): 8, ("Conv2DBackpropFilter", "device:CPU:0"): 8,
+                   ("Conv2DBackpropInput", "device:CPU:0"): 8,
+                   ("Conv2DBackpropInput", "device:CPU:1"): 12,
+                   ("Conv2D", "device:CPU:1"): 6, ("Conv2DBackpropFilter", "device:CPU:1"): 6}
 
 
 @pytest.mark.slow  # Two runs of the binary, ~12 s each.

@@ -111,11 +111,13 @@ def client_env(hosts, index):
 
 def _check_dtensor_env(env):
     jobs = [h for h in env["DTENSOR_JOBS"].split(",") if h.strip()]
-    raw_id, raw_n = env.get("DTENSOR_CLIENT_ID", "0"), env.get("DTENSOR_NUM_CLIENTS")
+    # DTensor takes a missing client id for 0: every process would be the chief.
+    raw_id = env.get("DTENSOR_CLIENT_ID", "0" if len(jobs) == 1 else None)
+    raw_n = env.get("DTENSOR_NUM_CLIENTS")
     try:
         cid, n = int(raw_id), int(raw_n) if raw_n else len(jobs)
         ok = all(":" in h for h in jobs) and n == len(jobs) and 0 <= cid < n
-    except ValueError:
+    except (TypeError, ValueError):
         ok = False
     if not ok:
         raise errors.ConfigError(
@@ -193,10 +195,39 @@ def cluster():
     the coordination service DTensor starts, as it does for multi-worker runs."""
     import types
     import tensorflow as tf
+    from tensorflow.experimental import dtensor
     cid, n = clients()
     resolver = None
     if n > 1:
+        job = dtensor.job_name()
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec({JOB: os.environ["DTENSOR_JOBS"].split(",")}),
-            task_type=JOB, task_id=cid, rpc_layer="grpc")
+            tf.train.ClusterSpec({job: os.environ["DTENSOR_JOBS"].split(",")}),
+            task_type=job, task_id=cid, rpc_layer="grpc")
     return types.SimpleNamespace(cluster_resolver=resolver)
+
+
+def _on_every_device(mesh, values):
+    """A float64 [B, M] DTensor split over both axes: this client's devices hold `values`
+    (one per local device, mesh.local_devices() order)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+    return dtensor.pack([tf.constant([[v]], tf.float64) for v in values],
+                        dtensor.Layout([BATCH, MODEL], mesh))
+
+
+def spread(mesh, value):
+    """(min, max) over the clients of the number `value` each one holds. A collective:
+    every client calls it at the same point."""
+    import tensorflow as tf
+    from tf_gan_scale.parallel import layouts
+    x = _on_every_device(mesh, [value] * len(mesh.local_devices()))
+    return float(layouts.gather(tf.reduce_min(x))), float(layouts.gather(tf.reduce_max(x)))
+
+
+def from_chief(mesh, value):
+    """Client 0's `value` (a number), on every client. A collective, as `spread`."""
+    import tensorflow as tf
+    from tf_gan_scale.parallel import layouts
+    n = len(mesh.local_devices())
+    mine = [float(value)] + [0.0] * (n - 1) if clients()[0] == 0 else [0.0] * n
+    return float(layouts.gather(tf.reduce_sum(_on_every_device(mesh, mine))))

@@ -78,6 +78,34 @@ class SyncHost(callbacks._Every):
         self.model.sampler  # noqa: B018 -- the read is the refresh.
 
 
+def _chiefs_best(score, mesh, key):
+    """`score` whose scores[key] is the chief's on every client."""
+    def agreed():
+        scores = score()
+        scores[key] = mesh_lib.from_chief(mesh, scores[key])
+        return scores
+
+    return agreed
+
+
+def callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, score=None):
+    """train_lib's callbacks for this client of a mesh run: the chief's write the workdir
+    and record checkpoints; another client's write its shards of the same checkpoints
+    (SharedCheckpoints) and refresh G's host copy where the chief's grids do (SyncHost),
+    so every client takes part in every collective, in the same order. The best
+    checkpoint is chosen by the chief's score on every client (mesh.from_chief): scores
+    computed apart could differ (another kernel order) and only some clients would save."""
+    chief = mesh_lib.clients()[0] == 0
+    if score is not None and config.eval.best:
+        score = _chiefs_best(score, mesh, config.eval.best)
+    cbs = train_lib._callbacks(
+        config, source, mesh_lib.cluster(), checkpoint, workdir, chief, start, verbose,
+        score, workdir, manager_fn=tf.train.CheckpointManager if chief else SharedCheckpoints)
+    if not chief:  # The chief's sample grids refresh the host copy of G at these steps.
+        cbs.append(SyncHost(config.train.sample_every))
+    return cbs
+
+
 def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     """Trains (or resumes) to config.train.num_steps on a mesh of dims {"batch": B,
     "model": M} over this process's devices, or every client's (mesh.initialize).
@@ -99,6 +127,12 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     # same whichever topology wrote it.
     restored = train_lib.restore(os.path.join(workdir, "checkpoints"), checkpoint)
     start = int(model.step.numpy())
+    low, high = mesh_lib.spread(mesh, start)  # Every client must resume the same run.
+    if low != high:
+        raise errors.ConfigError(
+            f"the clients restored different steps ({int(low)} to {int(high)}; client "
+            f"{client}: {start}) from --workdir={workdir}; valid: one directory that every "
+            f"client shares (NFS, a volume claim, gs://)")
     nets = (model.generator, model.discriminator)
     plan = layouts.plan(nets, dims, tuple(tuple(o) for o in config.parallel.layouts))
     trainer = step_lib.MeshTrainer(model, mesh, plan)
@@ -120,11 +154,7 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     if start >= t.num_steps:
         logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
         return trainer
-    cbs = train_lib._callbacks(
-        config, source, mesh_lib.cluster(), checkpoint, workdir, chief, start, verbose,
-        score, workdir, manager_fn=tf.train.CheckpointManager if chief else SharedCheckpoints)
-    if not chief:  # The chief's sample grids refresh the host copy of G at these steps.
-        cbs.append(SyncHost(t.sample_every))
+    cbs = callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, score)
     for cb in cbs:
         cb.set_model(view)
     for cb in cbs:
