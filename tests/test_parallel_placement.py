@@ -26,7 +26,7 @@ SGD = ["--config=tests/sgd_config.py", "--config.train.steps_per_execution=1",
     ("g:0", "valid: g:I,d:J"),
     ("g:0,e:1", "unknown network 'e'"),
     ("g:0,g:1", "repeated network"),
-    ("g:zero,d:1", "device 'zero' of 'g' is not an integer"),
+    ("g:zero,d:1", "device 'zero' of network 'g' is not an integer"),
     ("g:0,d:-1", "device indices I != J"),
 ])
 def test_bad_specs_name_the_part_and_the_form(spec, message):

@@ -21,6 +21,26 @@ def choose(kind, name, table):
         raise ConfigError(f"unknown {kind} {name!r}; valid: {valid}") from None
 
 
+def named_ints(flag, spec, names, kind, value, form):
+    """Parses a flag of the form "name:int,name:int": {name: int}, each name one of
+    `names`, at most once (names left out are absent). A bad part raises ConfigError
+    naming it and the valid `form`; `kind` and `value` word the message ("axis",
+    "size": "--mesh='batch:two': size 'two' of axis 'batch' is not an integer; ...")."""
+    out = {}
+    for part in str(spec).split(","):
+        name, sep, text = part.strip().partition(":")
+        if not sep or name not in names or name in out:
+            why = (f"repeated {kind}" if name in out else
+                   f"unknown {kind} {name!r}" if sep else f"no {value} in {part.strip()!r}")
+            raise ConfigError(f"{flag}={spec!r}: {why}; {form}")
+        try:
+            out[name] = int(text)
+        except ValueError:
+            raise ConfigError(f"{flag}={spec!r}: {value} {text!r} of {kind} {name!r} is "
+                              f"not an integer; {form}") from None
+    return out
+
+
 class NonFiniteError(RuntimeError):
     """Training produced a NaN or inf global loss or gradient (outside mixed-float16 loss
     scaling, which skips such steps). Raised before the step's callbacks run, so no

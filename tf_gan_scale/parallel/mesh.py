@@ -29,21 +29,10 @@ def parse(spec):
     Raises ConfigError naming the bad part and the valid form.
     """
     form = "valid: batch:B,model:M with B, M >= 1 (e.g. batch:2,model:2)"
-    dims = {}
-    for part in str(spec).split(","):
-        name, sep, size = part.strip().partition(":")
-        if not sep or name not in AXES or name in dims:
-            why = ("repeated axis" if name in dims else
-                   f"unknown axis {name!r}" if sep else f"no size in {part.strip()!r}")
-            raise errors.ConfigError(f"--mesh={spec!r}: {why}; {form}")
-        try:
-            dims[name] = int(size)
-        except ValueError:
-            raise errors.ConfigError(f"--mesh={spec!r}: size {size!r} of axis {name!r} is "
-                                     f"not an integer; {form}") from None
-        if dims[name] < 1:
-            raise errors.ConfigError(f"--mesh={spec!r}: axis {name!r} has size "
-                                     f"{dims[name]}; {form}")
+    dims = errors.named_ints("--mesh", spec, AXES, "axis", "size", form)
+    for name, size in dims.items():
+        if size < 1:
+            raise errors.ConfigError(f"--mesh={spec!r}: axis {name!r} has size {size}; {form}")
     return {axis: dims.get(axis, 1) for axis in AXES}
 
 

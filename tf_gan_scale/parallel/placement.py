@@ -27,18 +27,7 @@ FORM = "valid: g:I,d:J with device indices I != J (e.g. g:0,d:1)"
 
 def parse(spec):
     """"g:0,d:1" -> {"g": 0, "d": 1}; ConfigError naming the bad part and the form."""
-    out = {}
-    for part in str(spec).split(","):
-        name, sep, index = part.strip().partition(":")
-        if not sep or name not in NETS or name in out:
-            why = ("repeated network" if name in out else
-                   f"unknown network {name!r}" if sep else f"no device in {part.strip()!r}")
-            raise errors.ConfigError(f"--placement={spec!r}: {why}; {FORM}")
-        try:
-            out[name] = int(index)
-        except ValueError:
-            raise errors.ConfigError(f"--placement={spec!r}: device {index!r} of {name!r} "
-                                     f"is not an integer; {FORM}") from None
+    out = errors.named_ints("--placement", spec, NETS, "network", "device", FORM)
     if sorted(out) != sorted(NETS) or out["g"] == out["d"] or min(out.values()) < 0:
         raise errors.ConfigError(f"--placement={spec!r}: {FORM}")
     return out
