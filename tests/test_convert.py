@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 from tf_gan_scale import architectures, convert, data, distribute, gan
-from tf_gan_scale.layers import SyncBatchNormalization
 
 L = keras.layers
 LATENT = 8

@@ -4,7 +4,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import textwrap
 
 import numpy as np

@@ -3,7 +3,6 @@
 
 import csv
 import glob
-import os
 
 import keras
 import numpy as np
