@@ -93,6 +93,16 @@ def test_mesh_and_placement_report_speed_and_the_parameters_each_device_holds():
     assert split["split_weights"] == 2
     assert split["params_per_device"]["generator"] == full["generator"] - 16 * 128 // 2
     assert split["params_per_device"]["discriminator"] == full["discriminator"] - 64 // 2
+    # The cost model's bytes per device and step: batch:1,model:2 all-reduces no gradients
+    # over "batch" (one row) and gathers activations over "model"; batch:2,model:1 the
+    # reverse. Its gradient tensors are 4 bytes x the split kernels' halves smaller (one
+    # D update and one G update per step).
+    s_bytes, d_bytes = split["bytes_per_device_step"], data["bytes_per_device_step"]
+    assert s_bytes["sent"]["gradients"] == 0 and s_bytes["sent"]["model_gather"] > 0
+    assert d_bytes["sent"]["model_gather"] == d_bytes["sent"]["model_all_reduce"] == 0
+    assert d_bytes["sent"]["gradients"] == d_bytes["messages"]["gradients"] > 0  # 2(B-1)/B = 1
+    assert d_bytes["messages"]["gradients"] - s_bytes["messages"]["gradients"] == \
+        4 * (16 * 128 // 2 + 64 // 2)
     placed = result["placement"]
     assert placed["spec"] == "g:0,d:1" and len(placed["all_step_times_s"]) == 1
     for run in (split, data, placed):

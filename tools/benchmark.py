@@ -33,7 +33,9 @@ times faster the pipeline produces batches than the train step consumes them.
 Model / hybrid parallelism: `--mesh=batch:B,model:M` (repeatable) also times training on
 each DTensor mesh (parallel.step.MeshTrainer, as `main --mesh` trains), interleaved with
 the --strategy run, and reports per mesh images/sec, the ratio to the --strategy run and
-the parameters each device holds (split weights count 1/M). A model with a wide first G
+the parameters each device holds (split weights count 1/M), and the bytes one device
+communicates per GAN step by kind of collective, from the cost model (cost_model
+.mesh_step_bytes: "messages", the tensors' bytes; "sent", what a ring sends). A model with a wide first G
 layer, on one device against 2x1 and 1x2 meshes of 2 logical CPUs:
 
     python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
@@ -169,14 +171,24 @@ class MeshRun:
     runs it."""
 
     def __init__(self, config, source, dataset, spec):
-        from tf_gan_scale import train_lib
+        from tf_gan_scale import cost_model, train_lib
         from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib, training
         training.check_config(config)
         self.dims = mesh_lib.parse(spec)
         mesh = mesh_lib.make(self.dims)
         gan = train_lib.build_gan(config, source.shape, source.num_classes)
         nets = (gan.generator, gan.discriminator)
-        plan = layouts.plan(nets, self.dims, tuple(tuple(o) for o in config.parallel.layouts))
+        overrides = tuple(tuple(o) for o in config.parallel.layouts)
+        plan = layouts.plan(nets, self.dims, overrides)
+        # What one device communicates per GAN step, from the cost model (on the plain
+        # models, before MeshTrainer moves them): bytes of the tensors of each kind of
+        # collective and bytes the device sends in ring collectives (cost_model).
+        costs = cost_model.mesh_network_costs(*nets, source.shape, config.model.latent_dim,
+                                              self.dims, overrides)
+        per_device = config.train.global_batch_size // self.dims["batch"]
+        self.bytes = {kind: {k: int(v) for k, v in sizes.items()} for kind, sizes in
+                      cost_model.mesh_step_bytes(costs, self.dims, per_device,
+                                                 config.train.d_steps).items()}
         self.trainer = step_lib.MeshTrainer(gan, mesh, plan)
         self.batches = iter(dataset)
         self.d_steps = config.train.d_steps
@@ -387,6 +399,7 @@ def main(argv):
                 "images_per_sec": round(gb * config.train.d_steps / mesh_time, 1),
                 f"speed_vs_{FLAGS.strategy}": round(step_time / mesh_time, 3),
                 "params_per_device": mesh_run.params, "split_weights": mesh_run.split,
+                "bytes_per_device_step": mesh_run.bytes,
                 "all_step_times_s": [round(t, 4) for t in times[spec]]}
     if distribute.is_chief(strategy):
         print(json.dumps(result), flush=True)
