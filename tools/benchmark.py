@@ -34,9 +34,10 @@ Model / hybrid parallelism: `--mesh=batch:B,model:M` (repeatable) also times tra
 each DTensor mesh (parallel.step.MeshTrainer, as `main --mesh` trains), interleaved with
 the --strategy run, and reports per mesh images/sec, the ratio to the --strategy run and
 the parameters each device holds (split weights count 1/M), and the bytes one device
-communicates per GAN step by kind of collective, from the cost model (cost_model
-.mesh_step_bytes: "messages", the tensors' bytes; "sent", what a ring sends). A model with a wide first G
-layer, on one device against 2x1 and 1x2 meshes of 2 logical CPUs:
+communicates per GAN step by kind of collective, from the cost model
+(cost_model.mesh_step_bytes: "messages", the tensors' bytes; "sent", what a ring sends).
+A model with a wide first G layer, on one device against 2x1 and 1x2 meshes of 2 logical
+CPUs:
 
     python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
         --config.model.g_channels='(1024,128,64)' --num_cpu_devices=2 --baseline=false \
@@ -170,7 +171,9 @@ class MeshRun:
     policy, stepped by MeshTrainer with host batches moved onto the mesh, as `main --mesh`
     runs it."""
 
-    def __init__(self, config, source, dataset, spec):
+    def __init__(self, config, source, dataset, spec, costs=None):
+        """costs: cost_model.network_costs of the GAN if another MeshRun has them
+        (profiling FLOPs is the slow part; the GAN is the same for every mesh)."""
         from tf_gan_scale import cost_model, train_lib
         from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib, training
         training.check_config(config)
@@ -183,8 +186,10 @@ class MeshRun:
         # What one device communicates per GAN step, from the cost model (on the plain
         # models, before MeshTrainer moves them): bytes of the tensors of each kind of
         # collective and bytes the device sends in ring collectives (cost_model).
+        self.costs = costs or cost_model.network_costs(*nets, source.shape,
+                                                       config.model.latent_dim)
         costs = cost_model.mesh_network_costs(*nets, source.shape, config.model.latent_dim,
-                                              self.dims, overrides)
+                                              self.dims, overrides, costs=self.costs)
         per_device = config.train.global_batch_size // self.dims["batch"]
         self.bytes = {kind: {k: int(v) for k, v in sizes.items()} for kind, sizes in
                       cost_model.mesh_step_bytes(costs, self.dims, per_device,
@@ -354,7 +359,10 @@ def main(argv):
     if FLAGS.placement:  # Built outside the strategy: a placement runs under none.
         runs["placement"] = (train_lib.build_gan(config, source.shape, source.num_classes,
                                                  FLAGS.placement), dataset)
-    meshes = {spec: MeshRun(config, source, dataset, spec) for spec in FLAGS.mesh or ()}
+    meshes, costs = {}, None
+    for spec in FLAGS.mesh or ():
+        meshes[spec] = MeshRun(config, source, dataset, spec, costs)
+        costs = meshes[spec].costs
     # Interleaved, so a slow phase of the machine hits both alike.
     times = {name: [] for name in runs}
     for _ in range(FLAGS.repeats):
