@@ -6,7 +6,11 @@ other replica counts run in subprocesses (the real binary).
 """
 
 import concurrent.futures
+import contextlib
+import fcntl
+import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -34,6 +38,22 @@ TINY = ["--config=experiments/digits.py", "--config.train.global_batch_size=32",
         "--config.train.checkpoint_every=5"]
 
 
+# The heaviest files first (measured: docs/testing.md), so that with two xdist workers
+# and whole files per worker (--dist loadfile) no long file starts last and runs alone
+# at the end while the other core idles. Files not listed keep pytest's order after them.
+HEAVY_FIRST = ["test_equivalence.py", "test_parallel_step.py", "test_fault_tolerance.py",
+               "test_cli.py", "test_keras_model.py", "test_parallel_clients.py",
+               "test_conditional_tools.py", "test_evaluate_tool.py", "test_keras_io.py",
+               "test_parallel_run.py", "test_precision.py", "test_gan.py", "test_recipes.py",
+               "test_multi_worker.py", "test_parallel_placement.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    # sorted() is stable: within a file, and among unlisted files, the order stays.
+    items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def run_cmd(args, timeout=300, env=None):
     """Runs `python ARGS` in the repo root; returns CompletedProcess (text)."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
@@ -47,6 +67,60 @@ def run_cmds(arg_lists, timeout=300, env=None, workers=2):
     importing TensorFlow, mostly on one core, so two share the 2 cores well."""
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda args: run_cmd(args, timeout, env), arg_lists))
+
+
+def run_in_process(args, env=None):
+    """run_cmd's twin in THIS process (tf_gan_scale.cli.run_main): `args` as run_cmd's
+    (["-m", MODULE, ...] or [SCRIPT, ...]); a CompletedProcess with the exit status and
+    what the entry point printed. For cases that fail before any TensorFlow strategy or
+    device setup (bad flags, configs, paths): each saves a process start (~5 CPU-s).
+    Cases that need their own devices, strategy or cluster stay in run_cmd."""
+    from tf_gan_scale import cli
+    args = [str(a) for a in args]
+    entry, argv = (args[1], args[2:]) if args[0] == "-m" else (args[0], args[1:])
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, cwd = dict(os.environ), os.getcwd()
+    os.environ.update(env or {})
+    os.chdir(REPO)  # Paths in args are relative to the repo root, as in run_cmd.
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.run_main(entry, argv)
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+TINY_RUN_STEPS = 10
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, worker_id):
+    """Workdir of THE tiny run: the binary with TINY for TINY_RUN_STEPS steps (checkpoints
+    and sample grids at 5 and 10), trained once per test session and shared by every test
+    that only needs "a trained run". The xdist workers share it through a directory of
+    the session and a file lock: the first to arrive trains, the others wait and read.
+    Read-only: a test that runs anything that could write into it takes copy_run()."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # popen-gwN's parent: one per session, shared by workers.
+        root = root.parent
+    workdir, done = root / "tiny_run", root / "tiny_run.done"
+    with open(root / "tiny_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
+        if not done.exists():
+            shutil.rmtree(workdir, ignore_errors=True)
+            proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
+                            f"--config.train.num_steps={TINY_RUN_STEPS}"])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            done.write_text("")  # Only a finished run is shared.
+    return workdir
+
+
+def copy_run(run, dest):
+    """A copy of a trained workdir (e.g. tiny_run) at `dest`, for tests that write."""
+    shutil.copytree(run, dest)
+    return dest
 
 
 @pytest.fixture(scope="session")

@@ -120,3 +120,45 @@ def run(main, *, positional=False):
             fail(e)
 
     app.run(guarded, flags_parser=_parse_flags)
+
+
+def run_main(entry, argv=()):
+    """Runs an entry point in THIS process as `python -m ENTRY ARGV` (a module name, e.g.
+    "tf_gan_scale.main") or `python ENTRY ARGV` (a script path, e.g. "tools/sample.py")
+    would, through its own `cli.run` and absl's `app.run`; returns the exit status.
+
+    Why: a Python process that imports TensorFlow costs ~5 CPU-seconds before it does
+    anything, and most command-line cases (bad input: one line, exit 2) do nothing else.
+    The binary and the tools define flags of the same names in absl's one global
+    FlagValues, so the entry point's flags exist for this call only: defined by running
+    its file afresh, parsed from `argv` alone (every other flag back at its default), and
+    removed afterwards. An exception that escapes main is printed as Python prints it
+    (a traceback on stderr) and returns 1, as the process would exit. Not thread-safe
+    (flags, sys.argv): one call at a time.
+    """
+    from absl import app  # Its help flags are defined once per process: keep them.
+    app.define_help_flags()
+    before = set(flags.FLAGS)
+    saved_argv = sys.argv
+    sys.argv = [entry, *map(str, argv)]
+    flags.FLAGS.unparse_flags()
+    try:
+        if entry.endswith(".py"):
+            runpy.run_path(entry, run_name="__main__")
+        else:
+            runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)  # sys.exit("message"): Python prints it, exits 1.
+        return 1
+    except Exception:  # noqa: BLE001 - what an uncaught exception does to the process.
+        import traceback
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv = saved_argv
+        for name in set(flags.FLAGS) - before:
+            delattr(flags.FLAGS, name)
+        flags.FLAGS.unparse_flags()
