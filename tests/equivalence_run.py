@@ -8,8 +8,8 @@
 Each case is a small GAN trained for a few steps from the same seed on the same global
 batches; the chief writes {CASE/VARIABLE: array} for every variable of G and D (weights,
 moving statistics, dropout counters), {CASE/d_loss, CASE/g_loss: per-step global losses},
-`rows_ok` (replica.global_rows equals the rows the input pipeline really hands each
-replica) and `collectives/CASE` (collective all-reduce ops per replica in the traced step;
+`rows` ([replica-batches whose replica.global_rows differ from the rows the input
+pipeline really hands the replica, replica-batches checked], over all workers) and `collectives/CASE` (collective all-reduce ops per replica in the traced step;
 multi-worker only, where all-reduces are collective ops). tests/test_equivalence.py
 compares the files of different topologies.
 """
@@ -129,7 +129,10 @@ def count_collectives(model, dist_dataset, strategy):
 
 
 def rows_match_pipeline(strategy):
-    """replica.global_rows against the row ids the input pipeline delivers."""
+    """replica.global_rows against the row ids the input pipeline delivers, on EVERY
+    replica of every worker: [replica-batches whose rows differ, replica-batches checked],
+    summed over the whole cluster (a cross-worker all-reduce: the chief, which writes the
+    file, sees worker 1's replicas too). Checked == 4 x replicas proves none was skipped."""
     import numpy as np
     import tensorflow as tf
     from tf_gan_scale import replica
@@ -138,13 +141,16 @@ def rows_match_pipeline(strategy):
 
     @tf.function
     def check(x):
-        return strategy.run(lambda x: tf.reduce_all(
-            tf.cast(x % GLOBAL_BATCH, tf.int32) == replica.global_rows(per)), args=(x,))
+        def one(x):
+            ok = tf.reduce_all(tf.cast(x % GLOBAL_BATCH, tf.int32) == replica.global_rows(per))
+            return tf.stack([1 - tf.cast(ok, tf.int32), 1])
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(one, args=(x,)),
+                               axis=None)
 
-    ok = True
+    total = np.zeros(2, np.int64)
     for batch in strategy.experimental_distribute_dataset(ds):
-        ok &= all(bool(v.numpy()) for v in strategy.experimental_local_results(check(batch)))
-    return np.array(ok)
+        total += check(batch).numpy()
+    return total
 
 
 def main(argv):
@@ -159,7 +165,8 @@ def main(argv):
     from tf_gan_scale import data, replica, train_lib
     if FLAGS.scale_error:
         replica.global_mean = lambda per_example, global_batch: tf.reduce_mean(per_example)
-    out = {"rows_ok": rows_match_pipeline(strategy)}
+    out = {"rows": rows_match_pipeline(strategy),
+           "num_replicas": np.array(strategy.num_replicas_in_sync)}
     multi_worker = FLAGS.strategy == "multi_worker_mirrored"
     for name, (overrides, source_name, *steps) in cases().items():
         if FLAGS.cases and name not in FLAGS.cases:

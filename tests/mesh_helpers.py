@@ -1,10 +1,13 @@
 """One device vs a DTensor mesh: the same GAN, seed and global batches, max weight gap.
 
 Run in-process (the suite's 2 logical CPUs) or as a script for other device counts:
-    python tests/mesh_helpers.py DEVICES MESH ARCH OPTIMIZER [STEPS] [fused] [convs]
-prints {"max_diff": ..., "d_loss": [ref, mesh], "g_loss": [ref, mesh], ...} as JSON.
+    python tests/mesh_helpers.py DEVICES '[[MESH, ARCH, OPTIMIZER, STEPS, CONVS], ...]'
+prints one JSON line per case, {"max_diff": ..., "d_loss": [ref, mesh], ...}: several
+cases in one process (one TensorFlow start), and cases of the same GAN share one
+one-device reference run (`reference`).
 """
 
+import functools
 import json
 import os
 import sys
@@ -40,6 +43,31 @@ def config(arch, optimizer, d_steps=1, ema=False):
     return c
 
 
+@functools.lru_cache(maxsize=None)
+def reference(arch, optimizer, steps, d_steps=1, ema=False):
+    """The one-device run (GAN.train_step) of a config: (the trained GAN, the initial
+    weights of [G, D(, EMA G)], the batches it saw: steps x d_steps arrays [GB, *shape],
+    the last step's logs). Cached: mesh cases of the same GAN compare against one run,
+    and none of them changes it (they copy its initial weights)."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import data, train_lib
+    c = config(arch, optimizer, d_steps, ema)
+    source = data.load(c.data.source)
+    ref = train_lib.build_gan(c, source.shape, 0)
+    nets = [ref.generator, ref.discriminator] + ([ref.ema.model] if ema else [])
+    init = [net.get_weights() for net in nets]
+    rng = np.random.default_rng(0)
+    # d_steps real batches per GAN step.
+    batches = [[np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
+                for _ in range(d_steps)] for _ in range(steps)]
+    ref_step = tf.function(ref.train_step)
+    for xs in batches:
+        feed = [{"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)} for x in xs]
+        out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
+    return ref, init, batches, {k: float(v) for k, v in out.items()}
+
+
 def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0,
                 d_steps=1, convs=False, ema=False):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
@@ -53,25 +81,17 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
     import tensorflow as tf
     from tf_gan_scale import data, train_lib
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema)
     c = config(arch, optimizer, d_steps, ema)
     source = data.load(c.data.source)
-    ref = train_lib.build_gan(c, source.shape, 0)
     for opt in (c.train.d_optimizer, c.train.g_optimizer):
         opt.learning_rate *= lr_scale
     mesh_gan = train_lib.build_gan(c, source.shape, 0)
     pairs = [(ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)]
     if ema:
         pairs.append((ref.ema.model, mesh_gan.ema.model))
-    for a, b in pairs:
-        b.set_weights(a.get_weights())
-    rng = np.random.default_rng(0)
-    # d_steps real batches per GAN step.
-    batches = [[np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
-                for _ in range(d_steps)] for _ in range(steps)]
-    ref_step = tf.function(ref.train_step)
-    for xs in batches:
-        feed = [{"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)} for x in xs]
-        out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
+    for (_, b), weights in zip(pairs, init):  # The reference's weights before training.
+        b.set_weights(weights)
     dims = mesh_lib.parse(spec)
     threshold = layouts.CONV_SPLIT_MIN_PARAMS
     try:
@@ -106,8 +126,8 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
 
     diff = max(gap(a, b) for a, b in pairs[:2])
     ema_diff = gap(*pairs[2]) if ema else None
-    return {"max_diff": diff, "d_loss": [float(out["d_loss"]), d_loss],
-            "g_loss": [float(out["g_loss"]), g_loss], "step": trainer.step,
+    return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],
+            "g_loss": [out["g_loss"], g_loss], "step": trainer.step,
             "split_convs": split_convs, "ema_diff": ema_diff}
 
 
@@ -116,9 +136,5 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tf_gan_scale import distribute
     distribute.configure_cpu_devices(int(sys.argv[1]))
-    args = sys.argv[2:]
-    fused, convs = "fused" in args, "convs" in args
-    args = [a for a in args if a not in ("fused", "convs")]
-    spec, arch, optimizer = args[:3]
-    steps = int(args[3]) if len(args) > 3 else 10
-    print(json.dumps(equivalence(spec, arch, optimizer, steps, fused, convs=convs)))
+    for spec, arch, optimizer, steps, convs in json.loads(sys.argv[2]):
+        print(json.dumps(equivalence(spec, arch, optimizer, steps, convs=convs)), flush=True)

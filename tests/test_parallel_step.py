@@ -28,11 +28,11 @@ TOL = 1e-5
     ("batch:1,model:2", "dcgan", "sgd", 1, False),
     ("batch:2,model:1", "dcgan", "sgd", 1, False),
     ("batch:1,model:2", "mlp", "sgd", 1, False),
-    ("batch:1,model:2", "dcgan", "adam", 1, False),
     # Adam's DCGAN has no D batch norm: D's convolutions see the stacked [real; fake]
     # directly (the conv-input constraint), split over examples.
     ("batch:2,model:1", "dcgan", "adam", 1, False),
-    # Two D updates per step: their phases k and Adam's update count t = step * 2 + k + 1.
+    # Two D updates per step: their phases k and Adam's update count t = step * 2 + k + 1
+    # (Adam on the 1x2 mesh: this case; with one D update: the 2x1 case above).
     ("batch:1,model:2", "dcgan", "adam", 2, False),
     # Every convolution split on its output channels, computed by taps (parallel/conv.py):
     # G's transposed convolutions of 8 and 4 channels, D's of 4 and 8.
@@ -155,19 +155,30 @@ def test_optimizers_the_mesh_cannot_run_are_refused(optimizer, message):
         step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("spec, arch, optimizer, convs", [
-    ("batch:2,model:2", "dcgan", "sgd", ""),
-    ("batch:1,model:4", "dcgan", "sgd", ""),
-    ("batch:2,model:2", "mlp", "sgd", ""),
-    ("batch:2,model:2", "dcgan", "adam", ""),
+FOUR_DEVICE_CASES = [  # (mesh, arch, optimizer, convs)
+    ("batch:2,model:2", "dcgan", "sgd", False),
+    ("batch:1,model:4", "dcgan", "sgd", False),
+    ("batch:2,model:2", "dcgan", "adam", False),
     # Split convolutions with examples split too (G's last, of 1 output channel, stays
     # replicated).
-    ("batch:2,model:2", "dcgan", "sgd", "convs"),
-])
-def test_four_device_meshes_equal_one_device(spec, arch, optimizer, convs):
-    proc = run_cmd(["tests/mesh_helpers.py", "4", spec, arch, optimizer, "10", convs])
+    ("batch:2,model:2", "dcgan", "sgd", True),
+]
+
+
+@pytest.fixture(scope="module")
+def four_device_runs():
+    """Every 4-device case in ONE process of 4 logical CPUs (one TensorFlow start; the
+    dcgan-sgd cases share their one-device reference run): {case: result}."""
+    cases = [[spec, arch, opt, 10, convs] for spec, arch, opt, convs in FOUR_DEVICE_CASES]
+    proc = run_cmd(["tests/mesh_helpers.py", "4", json.dumps(cases)], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()[-len(cases):]
+    return dict(zip(FOUR_DEVICE_CASES, map(json.loads, lines)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FOUR_DEVICE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_four_device_meshes_equal_one_device(four_device_runs, case):
+    out = four_device_runs[case]
     assert out["step"] == 10 and out["max_diff"] < TOL, out
-    assert out["split_convs"] == (4 if convs else 0)
+    assert out["split_convs"] == (4 if case[3] else 0)
