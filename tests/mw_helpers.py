@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from conftest import REPO, run_cmd
+from conftest import REPO
 
 # No cloud metadata lookups from PreemptionCheckpointHandler (it probes GCE with a 5 s
 # timeout): point it at an address nothing listens on.
@@ -70,13 +70,6 @@ def assert_same_checkpoint(actual, expected, atol=0.0):
     assert not bad, (f"{len(bad)} of {len(diffs)} variables differ (atol={atol}); max |diff|: "
                      + ", ".join(f"{n}: {d:.3g}" for n, d in
                                  sorted(bad.items(), key=lambda kv: -kv[1])[:12]))
-
-
-def samples_of(workdir, out):
-    """Generator samples of a run's latest checkpoint (tools/sample.py, fixed latents)."""
-    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={out}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return np.load(out)
 
 
 class Launcher:

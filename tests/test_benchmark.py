@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY, run_cmd
+from conftest import TINY, run_cmd, run_in_process
 from tf_gan_scale import data, perf
 
 KEYS = {"config", "source", "strategy", "replicas", "global_batch", "d_steps",
@@ -32,7 +32,7 @@ def test_time_input_pipeline_pulls_k_batches_per_call(one_device):
 
 def run_input_only(extra):
     proc = run_cmd(["tools/benchmark.py", *TINY, "--input_only", "--strategy=one_device",
-                    "--steps=3", "--warmup=1", "--repeats=1", "--input_seconds=0.2",
+                    "--steps=3", "--warmup=1", "--repeats=1", f"--input_seconds={INPUT_SECONDS}",
                     *extra])
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -41,13 +41,27 @@ def run_input_only(extra):
     return result
 
 
+INPUT_SECONDS = 0.2
+
+
 def check_numbers(result, *, source, d_steps=1):
+    # The configuration asked for: TINY (digits.py, global batch 32, one step per call) on
+    # one device, --repeats=1 (one timed run of each).
+    assert (result["config"], result["strategy"], result["replicas"]) == (
+        "digits.py", "one_device", 1)
     assert result["source"] == source and result["global_batch"] == 32
+    assert result["steps_per_execution"] == 1
     assert result["batches_per_call"] == d_steps and result["d_steps"] == d_steps
-    assert result["pipeline_batches_per_sec"] > 0 and result["train_steps_per_sec"] > 0
-    # At least --steps calls of batches_per_call batches were timed.
+    assert len(result["all_step_times_s"]) == len(result["all_pipeline_batches_per_sec"]) == 1
+    assert result["step_time_s"] == pytest.approx(result["all_step_times_s"][0], abs=1e-4)
+    assert result["pipeline_batches_per_sec"] == pytest.approx(
+        result["all_pipeline_batches_per_sec"][0])
+    # At least --steps calls of batches_per_call batches were timed, for at least
+    # --input_seconds (a lower bound: a loaded machine only makes the time longer).
     assert result["pipeline_timed_batches"] >= 3 * d_steps
     assert result["pipeline_timed_batches"] % d_steps == 0
+    assert (result["pipeline_timed_batches"] / result["pipeline_batches_per_sec"]
+            >= INPUT_SECONDS * (1 - 1e-2))
     assert result["pipeline_images_per_sec"] == pytest.approx(
         32 * result["pipeline_batches_per_sec"], rel=1e-3)
     assert result["train_steps_per_sec"] == pytest.approx(1 / result["step_time_s"], rel=1e-3)
@@ -79,6 +93,7 @@ def test_input_only_npz_two_d_steps(tmp_path):
     check_numbers(result, source=f"npz:{path}", d_steps=2)
 
 
+@pytest.mark.slow
 def test_mesh_and_placement_report_speed_and_the_parameters_each_device_holds():
     # TINY's G: Dense [16, 2*2*32 = 128] (column-parallel on model:2) and D's last Dense
     # [64, 1] (row-parallel): each device of batch:1,model:2 holds half of each kernel.
@@ -104,15 +119,33 @@ def test_mesh_and_placement_report_speed_and_the_parameters_each_device_holds():
     assert d_bytes["messages"]["gradients"] - s_bytes["messages"]["gradients"] == \
         4 * (16 * 128 // 2 + 64 // 2)
     placed = result["placement"]
-    assert placed["spec"] == "g:0,d:1" and len(placed["all_step_times_s"]) == 1
+    assert placed["spec"] == "g:0,d:1"
+    # Rows for exactly the runs asked for, each timed --repeats=1 times over --steps=2.
+    assert set(result["meshes"]) == {"batch:1,model:2", "batch:2,model:1"}
+    assert "baseline_plain_keras" not in result  # --baseline=false.
+    assert (result["steps"], result["repeats"], result["global_batch"], result["d_steps"]) \
+        == (2, 1, 32, 1)
+    assert len(result["all_step_times_s"]) == 1
+    step_time = result["step_time_s"]
+    assert step_time == pytest.approx(result["all_step_times_s"][0], abs=1e-4)
+    for run in (result, split, data, placed):
+        assert len(run["all_step_times_s"]) == 1
+        assert run["step_time_s"] == pytest.approx(run["all_step_times_s"][0], abs=1e-4)
+        # Images/s: the global batch (d_steps 1) per step time.
+        assert run["images_per_sec"] == pytest.approx(32 / run["step_time_s"], rel=1e-3)
     for run in (split, data, placed):
-        assert run["images_per_sec"] > 0 and run["speed_vs_one_device"] > 0
+        assert run["speed_vs_one_device"] == pytest.approx(step_time / run["step_time_s"],
+                                                           rel=1e-2)
 
 
-def test_mesh_with_a_setting_it_cannot_run_exits_2():
-    proc = run_cmd(["tools/benchmark.py", *TINY, "--strategy=one_device", "--baseline=false",
-                    "--num_cpu_devices=2", "--mesh=batch:1,model:2",
-                    "--config.train.accumulation_steps=2"])
-    assert proc.returncode == 2
-    assert "not supported on a mesh yet: config.train.accumulation_steps=2" in \
-        proc.stderr.strip().splitlines()[-1]
+def test_mesh_with_a_setting_it_cannot_run_exits_2(monkeypatch):
+    # In this process (its 2 CPU devices are the ones asked for): the config is refused
+    # before any mesh exists. The tool's malloc tuning is for its own process, not this.
+    monkeypatch.setattr(perf, "tune_malloc", lambda: False)
+    proc = run_in_process(["tools/benchmark.py", *TINY, "--strategy=one_device",
+                           "--baseline=false", "--num_cpu_devices=2",
+                           "--mesh=batch:1,model:2", "--config.train.accumulation_steps=2"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1]
+    assert "not supported on a mesh yet: config.train.accumulation_steps=2;" in errors[0]

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from conftest import run_cmd, run_cmds
+from conftest import run_cmd, run_in_process
 from tf_gan_scale import classifier, data, errors
 
 # Measured: 60 steps of batch 64 give held-out accuracy 0.878 / 0.867 / 0.900 for seeds
@@ -209,8 +209,8 @@ def _error_lines(proc):
 
 
 def test_tool_missing_config_is_one_line_exit_2(tmp_path):
-    proc = run_cmd(["tools/train_classifier.py", f"--config={tmp_path}/none.py",
-                    f"--output={tmp_path}/c.keras"])
+    proc = run_in_process(["tools/train_classifier.py", f"--config={tmp_path}/none.py",
+                           f"--output={tmp_path}/c.keras"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert _error_lines(proc) == [f"error: cannot load --config='{tmp_path}/none.py': no such "
                                   f"file"]
@@ -236,13 +236,14 @@ def test_tool_end_to_end_prints_one_json_line(tmp_path):
     assert keras.models.load_model(str(out)).layers[-1].units == 10
 
 
-@pytest.mark.slow
-def test_tool_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+def bad_tool_cases(tmp_path):
+    """(args, message) of each kind of bad input; writes existing.keras (to keep) and
+    nolabels.npz in tmp_path."""
     existing = tmp_path / "existing.keras"
     existing.write_bytes(b"keep")
     np.savez(tmp_path / "nolabels.npz", x=np.zeros((20, 8, 8), np.uint8))
     digits = "--config=experiments/digits.py"
-    cases = [
+    return [
         ([digits, f"--output={existing}"], f"--output '{existing}' already exists"),
         ([digits, f"--output={tmp_path}/c.h5"], "must be a file name ending in .keras; "
                                                 f"Received: '{tmp_path}/c.h5'"),
@@ -254,11 +255,26 @@ def test_tool_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
                                                                 "source; valid: embedded:digits"),
         ([digits], "--config and --output are required"),
     ]
-    procs = run_cmds([["tools/train_classifier.py", *args] for args, _ in cases])
+
+
+def assert_tool_bad(cases, procs, tmp_path):
     for (args, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr and proc.stdout == "", args
         errors_ = _error_lines(proc)
         assert len(errors_) == 1 and message in errors_[0], (args, errors_)
     assert sorted(os.listdir(tmp_path)) == ["existing.keras", "nolabels.npz"]
-    assert existing.read_bytes() == b"keep"
+    assert (tmp_path / "existing.keras").read_bytes() == b"keep"
+
+
+def test_tool_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    # In this process (conftest.run_in_process): no process start per case.
+    cases = bad_tool_cases(tmp_path)
+    procs = [run_in_process(["tools/train_classifier.py", *args]) for args, _ in cases]
+    assert_tool_bad(cases, procs, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_real_tool_exits_2_on_bad_input(tmp_path):
+    cases = bad_tool_cases(tmp_path)[:1]
+    assert_tool_bad(cases, [run_cmd(["tools/train_classifier.py", *cases[0][0]])], tmp_path)

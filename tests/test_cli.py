@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY, run_cmd, run_cmds
-
-pytestmark = pytest.mark.slow
+from conftest import TINY, TINY_RUN_STEPS, copy_run, run_cmd, run_cmds, run_in_process
 
 
 def train(workdir, *extra, steps):
@@ -21,9 +19,11 @@ def train(workdir, *extra, steps):
     return proc
 
 
-def sample(workdir, output, seed=0, num=16):
-    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={output}",
-                    f"--seed={seed}", f"--num_samples={num}"])
+def sample(workdir, output, seed=0, num=16, process=False):
+    """tools/sample.py's JSON line; in this process unless `process` (the real tool)."""
+    run = run_cmd if process else run_in_process
+    proc = run(["tools/sample.py", f"--workdir={workdir}", f"--output={output}",
+                f"--seed={seed}", f"--num_samples={num}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -39,12 +39,13 @@ def scalars(workdir, tag):
     return out
 
 
-def test_auto_steps_per_execution_keeps_every_event_on_its_step(tmp_path):
+@pytest.mark.slow
+def test_auto_steps_per_execution_keeps_every_event_on_its_step(tiny_run, tmp_path):
     # steps_per_execution=0 (the default; TINY pins 1) picks 5 for 10 steps logged,
     # sampled and checkpointed every 5: events at exactly 5 and 10, and the weights of
-    # one step per call to float32 rounding (the while loop's graph rounds differently).
-    one, auto = tmp_path / "one", tmp_path / "auto"
-    train(one, steps=10)
+    # one step per call (tiny_run) to float32 rounding (the while loop's graph rounds
+    # differently).
+    one, auto = tiny_run, tmp_path / "auto"
     proc = train(auto, "--config.train.steps_per_execution=0", steps=10)
     assert "5 steps per call" in proc.stderr and "step 10:" in proc.stderr
     assert sorted(f for f in os.listdir(auto / "checkpoints") if f.endswith(".index")) == [
@@ -59,9 +60,10 @@ def test_auto_steps_per_execution_keeps_every_event_on_its_step(tmp_path):
                                atol=1e-5)
 
 
-def test_train_resume_sample(tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(straight, steps=10)
+def test_train_resume_sample(tiny_run, tmp_path):
+    # tiny_run: the same command straight through 10 steps (copied: run again below).
+    straight, resumed = copy_run(tiny_run, tmp_path / "straight"), tmp_path / "resumed"
+    assert TINY_RUN_STEPS == 10
     train(resumed, steps=6)
     assert sorted(os.listdir(resumed / "checkpoints")) == [
         "checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index",
@@ -74,7 +76,7 @@ def test_train_resume_sample(tmp_path):
     assert scalars(resumed, "images_per_sec")[10] > 0
 
     # Exact resume: weights, both optimizers, BN statistics, data position and latents.
-    a = sample(straight, tmp_path / "a.npy")
+    a = sample(straight, tmp_path / "a.npy", process=True)  # The real tool once.
     b = sample(resumed, tmp_path / "b.npy")
     assert a["step"] == b["step"] == 10 and a["num_samples"] == 16
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
@@ -105,7 +107,12 @@ def tree_digest(root):
     return digest
 
 
-BAD = [
+# Bad input of the binary: (args, the message its one error line holds). IN_PROCESS
+# cases fail before any device or strategy is set up (flags, config, data path, model),
+# so they run in this process (conftest.run_in_process: no process start each) under
+# --strategy=one_device where they name no strategy; SUBPROCESS cases need their own
+# devices, strategy or cluster environment and run the real binary.
+IN_PROCESS = [
     (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
     (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
                                      "train: accumulation_steps, augment, checkpoint_every,"),
@@ -114,19 +121,8 @@ BAD = [
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
     (["--config.model.name=stylegan"],
      "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet"),
-    (["--strategy=mirrored", "--num_cpu_devices=2", "--config.train.global_batch_size=33"],
-     "global_batch_size=33 is not divisible by the 2 replicas"),
     (["--config.model.latent_dim=7"], "does not match this config's model"),
-    (["--strategy=mirrored", "--num_cpu_devices=4", "--config.model.sync_bn_group_size=3"],
-     "config.model.sync_bn_group_size=3 does not divide the 4 replicas; valid: 0 (all) or "
-     "1, 2, 4"),
-    (["--strategy=tpu", "--tpu=local"], "--strategy=tpu: no usable TPU"),
-    # Nobody listens on port 1: refused at once, not connect_to_cluster's endless wait.
-    (["--strategy=tpu", "--tpu=grpc://127.0.0.1:1"], "--tpu='grpc://127.0.0.1:1': cannot connect"),
     (["--collective=mpi"], "unknown collective 'mpi'; valid: auto, nccl, ring"),
-    (["--strategy=multi_worker_mirrored", "--collective=nccl"], "--collective=nccl needs GPUs"),
-    (["--strategy=multi_worker_mirrored", "--cluster_resolver=slurm"],
-     "SLURM_STEP_NODELIST is not set; run inside a Slurm job step"),
     (["--cluster_resolver=k8s"], "unknown cluster resolver 'k8s'; valid: slurm, tf_config"),
     (["--config.train.steps_per_execution=3"],
      "num_steps=4 is not a multiple of config.train.steps_per_execution=3"),
@@ -137,29 +133,64 @@ BAD = [
     (["--config.train.log_every=0"],
      "config.train.log_every must be an integer >= 1; Received: 0"),
 ]
+SUBPROCESS = [
+    (["--strategy=mirrored", "--num_cpu_devices=2", "--config.train.global_batch_size=33"],
+     "global_batch_size=33 is not divisible by the 2 replicas"),
+    (["--strategy=mirrored", "--num_cpu_devices=4", "--config.model.sync_bn_group_size=3"],
+     "config.model.sync_bn_group_size=3 does not divide the 4 replicas; valid: 0 (all) or "
+     "1, 2, 4"),
+    (["--strategy=tpu", "--tpu=local"], "--strategy=tpu: no usable TPU"),
+    # Nobody listens on port 1: refused at once, not connect_to_cluster's endless wait.
+    (["--strategy=tpu", "--tpu=grpc://127.0.0.1:1"], "--tpu='grpc://127.0.0.1:1': cannot connect"),
+    (["--strategy=multi_worker_mirrored", "--collective=nccl"], "--collective=nccl needs GPUs"),
+    (["--strategy=multi_worker_mirrored", "--cluster_resolver=slurm"],
+     "SLURM_STEP_NODELIST is not set; run inside a Slurm job step"),
+]
 
 
-def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(tmp_path):
-    workdir = tmp_path / "run"
-    train(workdir, steps=2)
-    before = tree_digest(workdir)
+def bad_commands(workdir, cases, strategy=()):
     commands = []
-    for args, _ in BAD:
+    for args, _ in cases:
         # A --config in args replaces TINY's (naming two is an error of its own).
         tiny = [a for a in TINY if not (a.startswith("--config=") and
                                         any(b.startswith("--config=") for b in args))]
         commands.append(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *tiny,
-                         "--config.train.num_steps=4", *args])
-    for (args, message), proc in zip(BAD, run_cmds(commands)):
+                         "--config.train.num_steps=4", *strategy, *args])
+    return commands
+
+
+def assert_bad(cases, procs, workdir, before):
+    for (args, message), proc in zip(cases, procs):
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert len(errors) == 1 and message in errors[0], (args, errors)
         assert "Traceback" not in proc.stderr, args
         assert tree_digest(workdir) == before, args
+
+
+def test_bad_input_in_process_is_one_line_exit_2_and_leaves_the_workdir_alone(
+        tiny_run, tmp_path):
+    workdir = copy_run(tiny_run, tmp_path / "run")
+    before = tree_digest(workdir)
+    # The case's own --strategy (later on the command line) wins over one_device.
+    commands = bad_commands(workdir, IN_PROCESS, ["--strategy=one_device"])
+    assert_bad(IN_PROCESS, [run_in_process(c) for c in commands], workdir, before)
+    proc = run_in_process(["tools/sample.py", f"--workdir={tmp_path}/none", "--output=x.npy"])
+    assert proc.returncode == 2 and "no training run in" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bad_input_of_the_real_binary_is_one_line_exit_2_and_leaves_the_workdir_alone(
+        tiny_run, tmp_path):
+    workdir = copy_run(tiny_run, tmp_path / "run")
+    before = tree_digest(workdir)
+    cases = SUBPROCESS + IN_PROCESS[:2]  # And two of the others: the process's exit code.
+    assert_bad(cases, run_cmds(bad_commands(workdir, cases)), workdir, before)
     proc = run_cmd(["tools/sample.py", f"--workdir={tmp_path}/none", "--output=x.npy"])
     assert proc.returncode == 2 and "no training run in" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [["--strategy=one_device"],
                                       ["--strategy=mirrored", "--num_cpu_devices=2"]])
 def test_non_finite_training_stops_with_one_line_and_keeps_the_last_good_checkpoint(

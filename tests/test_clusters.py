@@ -4,13 +4,14 @@ the resolver (nothing here has a TPU)."""
 import json
 import os
 import re
+import runpy
 import subprocess
 
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cmd
-from tf_gan_scale import clusters, errors
+from conftest import REPO, run_cmd, run_in_process
+from tf_gan_scale import clusters, errors, train_lib
 
 # What srun sets for `--nodes=2 --ntasks-per-node=2` (experiments/slurm/train.sbatch).
 SLURM_2x2 = {"SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
@@ -59,7 +60,18 @@ def test_sbatch_example_runs_the_slurm_resolver_with_its_layout():
     assert (nodes, per_node) == (2, 2)  # = SLURM_2x2 above.
     assert "--strategy=multi_worker_mirrored --cluster_resolver=slurm" in text
     default = re.search(r"CONFIG=\$\{CONFIG:-(\S+)\}", text).group(1)
-    assert open(f"{REPO}/{default}")  # The config it names exists.
+    # The config it names (what srun runs without CONFIG: see the next test) loads.
+    assert default == "experiments/dcgan_mnist.py"
+    assert_config_loads(default)
+
+
+def assert_config_loads(path):
+    """`path` (relative to the repo) is a config file whose get_config() gives a config
+    of the binary: data, model and train sections."""
+    assert os.path.isfile(f"{REPO}/{path}"), path
+    config = runpy.run_path(f"{REPO}/{path}")["get_config"]()
+    assert {"data", "model", "train"} <= set(config.keys()), (path, sorted(config.keys()))
+    train_lib.validate(config, num_replicas=1)  # Names and numbers the binary accepts.
 
 
 def sbatch_srun_args(tmp_path, *args, **env):
@@ -91,7 +103,7 @@ def test_sbatch_config_is_chosen_by_argument_or_environment(tmp_path, args, env,
         "python", "-m", "tf_gan_scale.main", "--strategy=multi_worker_mirrored",
         "--cluster_resolver=slurm", "--peer_timeout_s=60", f"--config={config}",
         f"--workdir={REPO}/runs/{name}_slurm", *extra]
-    assert os.path.isfile(f"{REPO}/{config}")
+    assert_config_loads(config)
     argv = sbatch_srun_args(tmp_path, *args, WORKDIR="/shared/run", **env)
     assert "--workdir=/shared/run" in argv
 
@@ -127,20 +139,27 @@ def test_shipped_kubernetes_example_is_what_the_tool_prints():
     shipped = json.load(open(path))
     pod = shipped["items"][1]["spec"]["containers"][0]
     cmd = [a for a in pod["command"]]
-    proc = run_cmd(["tools/k8s_manifest.py", "--name=dcgan", "--num_workers=2",
-                    f"--image={pod['image']}", "--gpus_per_worker=1", "--volume_claim=runs",
-                    "--", *cmd])
+    proc = run_in_process(["tools/k8s_manifest.py", "--name=dcgan", "--num_workers=2",
+                           f"--image={pod['image']}", "--gpus_per_worker=1",
+                           "--volume_claim=runs", "--", *cmd])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == shipped
     assert "--strategy=multi_worker_mirrored" in cmd
-    assert open(f"{REPO}/{next(a for a in cmd if a.startswith('--config=')).split('=')[1]}")
+    # The config every pod trains: the one the Slurm example trains by default.
+    (config,) = [a.split("=", 1)[1] for a in cmd if a.startswith("--config=")]
+    assert config == "experiments/dcgan_mnist.py"
+    assert_config_loads(config)
 
 
-def test_kubernetes_tool_bad_name_is_one_line():
-    proc = run_cmd(["tools/k8s_manifest.py", "--name=Bad_Name", "--num_workers=2",
-                    "--image=i", "--", "python"])
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "--name must be a DNS label" in proc.stderr
+# In this process, and once as the real tool (the exit code and the one line end to end).
+@pytest.mark.parametrize("run", [run_in_process, pytest.param(run_cmd, marks=pytest.mark.slow)],
+                         ids=["in_process", "subprocess"])
+def test_kubernetes_tool_bad_name_is_one_line(run):
+    proc = run(["tools/k8s_manifest.py", "--name=Bad_Name", "--num_workers=2",
+                "--image=i", "--", "python"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: --name must be a DNS label"), proc.stderr
+    assert "Received: 'Bad_Name'" in proc.stderr
 
 
 def test_tpu_path_up_to_the_resolver():

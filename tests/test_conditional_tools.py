@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import run_cmd, run_cmds
+from conftest import run_cmd, run_in_process
 
 # experiments/mnist.py shrunk to the embedded 8x8 digits: a conditional BigGAN with EMA.
 TINY_BIGGAN = ["--config=experiments/mnist.py", "--config.data.source=embedded:digits",
@@ -37,8 +37,10 @@ def run(tmp_path_factory):
     return workdir
 
 
-def sample(workdir, out, *flags):
-    proc = run_cmd(["tools/sample.py", f"--workdir={workdir}", f"--output={out}", *flags])
+def sample(workdir, out, *flags, process=False):
+    """tools/sample.py's JSON line; in this process unless `process` (the real tool)."""
+    run = run_cmd if process else run_in_process
+    proc = run(["tools/sample.py", f"--workdir={workdir}", f"--output={out}", *flags])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -46,7 +48,7 @@ def sample(workdir, out, *flags):
 @pytest.mark.slow
 def test_sampling_by_class_truncation_and_ema(run, tmp_path):
     path = lambda name: str(tmp_path / name)  # noqa: E731
-    sample(run, path("c3.npy"), "--class_id=3", "--num_samples=6")
+    sample(run, path("c3.npy"), "--class_id=3", "--num_samples=6", process=True)
     sample(run, path("c4.npy"), "--class_id=4", "--num_samples=6")
     c3, c4 = np.load(path("c3.npy")), np.load(path("c4.npy"))
     assert c3.shape == (6, 8, 8, 1)
@@ -88,13 +90,13 @@ def test_export_takes_labels(run, tmp_path):
     np.testing.assert_allclose(images, np.load(str(tmp_path / "c3.npy")), atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # For `run`; the cases run in this process (no process start each).
 def test_bad_sampling_input(run, tmp_path):
     out = str(tmp_path / "x.npy")
-    assert_bad(run_cmd(["tools/sample.py", f"--workdir={run}", f"--output={out}",
-                        "--class_id=10"]), "--class_id=10 is out of range; valid: 0 to 9")
-    assert_bad(run_cmd(["tools/sample.py", f"--workdir={run}", f"--output={out}",
-                        "--truncation=-1"]), "--truncation must be > 0")
+    assert_bad(run_in_process(["tools/sample.py", f"--workdir={run}", f"--output={out}",
+                               "--class_id=10"]), "--class_id=10 is out of range; valid: 0 to 9")
+    assert_bad(run_in_process(["tools/sample.py", f"--workdir={run}", f"--output={out}",
+                               "--truncation=-1"]), "--truncation must be > 0")
     assert not os.path.exists(out)
 
 
@@ -110,15 +112,13 @@ def test_bad_conditional_configs_exit_2_before_writing(tmp_path):
         (["--config.model.bottom_width=5"], "bottom_width 5 makes 10x10 images"),
         (["--config.train.augment=flip"], "unknown augmentation 'flip'"),
     ]
-    commands = []
-    for flags, _ in cases:
+    # They fail before training: in this process (conftest.run_in_process), on one device.
+    for flags, needle in cases:
         args = ["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY_BIGGAN, *flags]
         if "dcgan" in flags[0]:  # dcgan's own options, so only `conditional` is wrong.
             args = ["-m", "tf_gan_scale.main", f"--workdir={workdir}",
                     "--config=experiments/digits.py", "--config.model.conditional=true"]
-        commands.append(args)
-    for (flags, needle), proc in zip(cases, run_cmds(commands)):
-        assert_bad(proc, needle)
+        assert_bad(run_in_process([*args, "--strategy=one_device"]), needle)
     assert not workdir.exists()
 
 

@@ -2,11 +2,16 @@
 and the model axis of a DTensor mesh (bytes by hand on a tiny model, M=1 = data
 parallelism)."""
 
+import collections
+import contextlib
+import os
+import runpy
+
 import keras
 import pytest
 
-from conftest import run_cmd
-from tf_gan_scale import architectures, cost_model
+from conftest import REPO, run_cmd, run_in_process
+from tf_gan_scale import architectures, cost_model, data, train_lib
 from tf_gan_scale.layers import SyncBatchNormalization
 
 
@@ -66,11 +71,65 @@ def test_efficiency_falls_with_replicas_and_rises_with_bandwidth(dcgan):
     assert eff(64, 100, sync=False) > eff(64, 100)
 
 
-def test_tool_prints_the_table():
-    proc = run_cmd(["tools/allreduce_cost.py", "--config=experiments/gauss2d.py"])
+def dense_params(widths):
+    """Trainable parameters of a stack of Dense layers (kernel + bias) of these widths."""
+    return sum(a * b + b for a, b in zip(widths, widths[1:]))
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+# In this process (no TensorFlow start), and once as the real tool.
+@pytest.mark.parametrize("run", [run_in_process, pytest.param(run_cmd, marks=pytest.mark.slow)],
+                         ids=["in_process", "subprocess"])
+def test_tool_prints_the_table(run):
+    proc = run(["tools/allreduce_cost.py", "--config=experiments/gauss2d.py"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    out = proc.stdout
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert [r.split(" | ")[0] for r in rows] == ["| 10", "| 25", "| 100", "| 400"]
+    # gauss2d: 3 x 256 MLPs (no normalization: no BN all-reduces), 2-d latent and data,
+    # d_steps 1. Parameters by hand.
+    g_params = dense_params([2, 256, 256, 256, 2])
+    d_params = dense_params([2, 256, 256, 256, 1])
+    assert (g_params, d_params) == (132_866, 132_609)
+    assert f"- parameters: G {g_params:,}, D {d_params:,};" in out
+    # FLOPs: the library's, of the same networks built here.
+    config = runpy.run_path(os.path.join(REPO, "experiments", "gauss2d.py"))["get_config"]()
+    shape = data.load(config.data.source).shape
+    g, d = architectures.build(config.model.name, data_shape=shape,
+                               latent_dim=config.model.latent_dim,
+                               **train_lib.model_options(config))
+    g_flops = cost_model.forward_flops(g, [config.model.latent_dim])
+    d_flops = cost_model.forward_flops(d, list(shape))
+    assert g_flops >= 2 * (g_params - (3 * 256 + 2))  # At least 2 per kernel entry.
+    assert f"forward FLOPs/example: G {g_flops:,}, D {d_flops:,}" in out
+    grads = [4 * d_params, 4 * g_params]  # float32 gradients: one D update, one G update.
+    assert (f"gradients 2 all-reduces, {sum(grads) / 1e6:.3f} MB; cross-replica BN 0 "
+            f"all-reduces, 0.00 kB") in out
+    # Every cell by hand: a ring all-reduce of S bytes over N replicas takes 2(N-1) steps
+    # of 20 us plus 2(N-1)/N S over the link; compute is 32 examples x (D update g + 6d,
+    # G update 3g + 2d) FLOPs at 50 TFLOP/s; efficiency = compute / (compute + comm).
+    compute = 32 * (4 * g_flops + 8 * d_flops) / 50e12
+    ms, eff = {}, {}
+    for row in rows:
+        bw, *rest = cells(row)
+        for n, (t, e) in zip((8, 64, 256), zip(rest[::2], rest[1::2])):
+            comm = sum(2 * (n - 1) * 20e-6 + 2 * (n - 1) / n * size / (int(bw) * 1e9 / 8)
+                       for size in grads)
+            assert float(t) == pytest.approx(comm * 1e3, abs=0.006), (bw, n, t)
+            sync, local = e.rstrip(")").split(" (")
+            assert sync == local, (bw, n, e)  # No BN: local BN changes nothing.
+            assert float(sync.rstrip("%")) / 100 == pytest.approx(
+                compute / (compute + comm), abs=6e-4), (bw, n, e)
+            ms[int(bw), n], eff[int(bw), n] = float(t), float(sync.rstrip("%"))
+    # More bandwidth: faster all-reduces and higher efficiency; more replicas: the reverse.
+    for n in (8, 64, 256):
+        assert [ms[bw, n] for bw in (10, 25, 100, 400)] == sorted(
+            ms[bw, n] for bw in (10, 25, 100, 400))[::-1]
+    assert ms[10, 8] < ms[10, 64] < ms[10, 256]
+    assert eff[10, 8] > eff[10, 256] and eff[400, 8] > eff[10, 8]
 
 
 # Round numbers for hand computation: 4 replicas on an 8 Gbit/s link (1e9 bytes/s),
@@ -317,15 +376,35 @@ def test_mesh_step_time_by_hand():
     assert fast["step_s"] - fast["model_comm_s"] == pytest.approx(t["step_s"] - gathers)
 
 
+@contextlib.contextmanager
+def fresh_layer_names():
+    """Keras' automatic layer names (dense, dense_1, ...) counted from 0 as in a fresh
+    process, for a tool run in this one whose flags name layers; the counters resume
+    afterwards."""
+    from keras.src.backend.common import global_state
+    saved = global_state.get_global_attribute("object_name_uids")
+    global_state.set_global_attribute("object_name_uids", collections.defaultdict(int))
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("object_name_uids", saved)
+
+
 def test_tool_prints_the_mesh_table():
-    proc = run_cmd(["tools/allreduce_cost.py", "--config=experiments/gauss2d.py",
-                    "--mesh=batch:8,model:1", "--mesh=batch:4,model:2",
-                    "--layout=discriminator/dense_5/kernel=-,-"])
+    with fresh_layer_names():  # --layout names D's second Dense as the tool names it.
+        proc = run_in_process(["tools/allreduce_cost.py", "--config=experiments/gauss2d.py",
+                               "--mesh=batch:8,model:1", "--mesh=batch:4,model:2",
+                               "--layout=discriminator/dense_5/kernel=-,-"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [ln.split(" | ") for ln in proc.stdout.splitlines() if ln.startswith("| batch")]
     assert [r[0] for r in rows] == ["| batch:8,model:1 (8)", "| batch:4,model:2 (8)"]
     assert [r[1] for r in rows] == ["256", "256"]  # 32 per device slot.
+    assert [r[3] for r in rows] == ["32", "64"]  # Examples per device: 256 / batch.
     assert rows[0][7] == "0.00" and float(rows[1][7]) > 0  # Model-axis MB.
+    # model:1 is data parallelism: every weight on every device, and the gradients of one
+    # D and one G update (4 bytes per parameter, as in the table above) all-reduced.
+    params = dense_params([2, 256, 256, 256, 2]) + dense_params([2, 256, 256, 256, 1])
+    assert rows[0][2] == f"{params / 1e6:.2f}" and rows[0][5] == f"{4 * params / 1e6:.2f}"
     split = proc.stdout.split("split weights")[1].splitlines()[0]
     assert "discriminator/dense_4/kernel column [2, 256]" in split
     assert "discriminator/dense_5/kernel" not in split  # --layout replicated it.

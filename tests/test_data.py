@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from conftest import run_cmd
+from conftest import run_in_process
 from tf_gan_scale import data, errors
 from tf_gan_scale.data import sources
 
@@ -219,12 +219,14 @@ def test_folder_skips_hidden_entries_and_imageless_subfolders(tmp_path):
     assert (s.num_examples, s.num_classes) == (1, 1)
 
 
-@pytest.mark.slow
 def test_bad_data_is_one_error_line_exit_2_and_no_workdir(tmp_path):
+    # The binary in this process (conftest.run_in_process, on one device): it fails
+    # loading the data, before any model is built.
     np.savez(tmp_path / "p.npz", x=np.full((8, 8, 8, 1), 255.0))
     workdir = tmp_path / "run"
-    proc = run_cmd(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
-                    f"--workdir={workdir}", f"--config.data.source=npz:{tmp_path / 'p.npz'}"])
+    proc = run_in_process(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
+                           f"--workdir={workdir}", "--strategy=one_device",
+                           f"--config.data.source=npz:{tmp_path / 'p.npz'}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert lines == [f"error: npz:{tmp_path / 'p.npz'}: float images must be in [-1, 1]; "

@@ -4,7 +4,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from conftest import run_cmd
+from conftest import run_cmd, run_in_process
 from tf_gan_scale import distribute, errors
 
 
@@ -119,11 +119,16 @@ def test_bad_slurm_step_variable_is_named():
         distribute.choose_strategy("auto", env=dict(SLURM_STEP_2x2, SLURM_STEP_TASKS_PER_NODE="x"))
 
 
-def test_binary_refuses_mirrored_on_a_two_worker_tf_config(tmp_path):
+# Refused from the environment alone, before any strategy exists: in this process
+# (conftest.run_in_process, no process start); once more by the real binary (slow).
+@pytest.mark.parametrize("run", [run_in_process,
+                                 pytest.param(run_cmd, marks=pytest.mark.slow)],
+                         ids=["in_process", "subprocess"])
+def test_binary_refuses_mirrored_on_a_two_worker_tf_config(tmp_path, run):
     workdir = tmp_path / "run"
-    proc = run_cmd(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
-                    f"--workdir={workdir}", "--strategy=mirrored"],
-                   env={"TF_CONFIG": tf_config(2)})
+    proc = run(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
+                f"--workdir={workdir}", "--strategy=mirrored"],
+               env={"TF_CONFIG": tf_config(2)})
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert lines == ["error: --strategy=mirrored trains in one process, but TF_CONFIG "

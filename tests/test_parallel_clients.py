@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import TINY, run_cmd
+from conftest import TINY, run_cmd, run_in_process
 from mw_helpers import ENV, Launcher, assert_same_checkpoint, checkpoint_arrays
 from tf_gan_scale import errors, launch
 from tf_gan_scale.parallel import mesh as mesh_lib
@@ -76,7 +76,7 @@ def test_launcher_starts_dtensor_clients():
 
 
 def test_launcher_refuses_a_mesh_that_does_not_fit_before_starting():
-    proc = run_cmd(["tools/launch_local.py", "--num_workers=2", "--mesh=batch:1,model:4",
+    proc = run_in_process(["tools/launch_local.py", "--num_workers=2", "--mesh=batch:1,model:4",
                     "--", "python", "-c", "raise SystemExit(7)"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (

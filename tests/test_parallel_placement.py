@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cmd, run_cmds
+from conftest import REPO, run_cmd, run_cmds, run_in_process
 from mw_helpers import assert_same_checkpoint, checkpoint_arrays
 from tf_gan_scale import data, errors, train_lib
 from tf_gan_scale.parallel import placement
@@ -90,12 +90,15 @@ def test_placed_run_equals_one_device(tmp_path):
     assert '"placement": "g:0,d:1"' in (runs["placed"] / "run.json").read_text()
 
 
+# Bad placements: (flags, the message of the one error line). All but the first fail
+# before any device is set up and run in this process (its 2 logical CPUs: what
+# --num_cpu_devices=2 asks for); the first needs a process with ONE CPU device.
 BAD = [
-    (["--placement=g:0,d:2", "--num_cpu_devices=2"],
-     "--placement=g:0,d:2: device 2 but the process has 2 CPU device(s) (0..1)"),
     (["--placement=g:0,d:1"],  # The CPU not split: one device.
      "device 1 but the process has 1 CPU device(s) (0..0); split the CPU with "
      "--num_cpu_devices=2"),
+    (["--placement=g:0,d:2", "--num_cpu_devices=2"],
+     "--placement=g:0,d:2: device 2 but the process has 2 CPU device(s) (0..1)"),
     (["--placement=g:1,d:1"], "device indices I != J"),
     (["--placement=g:0,d:1", "--strategy=mirrored"],
      "--placement=g:0,d:1 cannot be combined with --strategy=mirrored"),
@@ -105,15 +108,27 @@ BAD = [
 ]
 
 
-def test_bad_placement_exits_2_before_writing(tmp_path):
-    marker = tmp_path / "keep.txt"
-    marker.write_text("existing run")
-    procs = run_cmds([["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *SGD, *flags]
-                      for flags, _ in BAD])
-    for (flags, message), proc in zip(BAD, procs):
+def assert_bad_placements(cases, procs, workdir):
+    for (flags, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (flags, proc.stderr[-2000:])
         assert message in proc.stderr.strip().splitlines()[-1], flags
-    assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
+    assert sorted(os.listdir(workdir)) == ["keep.txt"]
+
+
+def test_bad_placement_exits_2_before_writing(tmp_path):
+    (tmp_path / "keep.txt").write_text("existing run")
+    assert_bad_placements(BAD[1:], [
+        run_in_process(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *SGD, *flags])
+        for flags, _ in BAD[1:]], tmp_path)
+
+
+@pytest.mark.slow
+def test_bad_placement_of_the_real_binary_exits_2_before_writing(tmp_path):
+    (tmp_path / "keep.txt").write_text("existing run")
+    cases = BAD[:2]  # One device (its own process), and one case end to end.
+    assert_bad_placements(cases, run_cmds([
+        ["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *SGD, *flags]
+        for flags, _ in cases]), tmp_path)
 
 
 def test_placement_in_process_equals_one_device():

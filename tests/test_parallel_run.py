@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY, run_cmd, run_cmds
+from conftest import TINY, run_cmd, run_cmds, run_in_process
 
 TOL = 1e-5
 # Adam (the digits config's), D without batch norm, an EMA generator (a copy up to step 2,
@@ -107,6 +107,22 @@ BAD = [
 ]
 
 
+# Fail before DTensor initializes (flags, the mesh spec): in this process.
+IN_PROCESS = [BAD[1], BAD[2]]
+
+
+def test_bad_mesh_flags_exit_2_before_writing(tmp_path):
+    marker = tmp_path / "keep.txt"
+    marker.write_text("existing run")
+    for flags, message in IN_PROCESS:
+        proc = run_in_process(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *RUN,
+                               *flags])
+        assert proc.returncode == 2, (flags, proc.stderr[-2000:])
+        assert message in proc.stderr.strip().splitlines()[-1], flags
+    assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
+
+
+@pytest.mark.slow  # Each case initializes DTensor on its devices: its own process.
 def test_bad_mesh_input_exits_2_before_writing(tmp_path):
     marker = tmp_path / "keep.txt"
     marker.write_text("existing run")

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import run_cmd
+from conftest import run_cmd, run_in_process
 from tf_gan_scale import errors, plot
 
 # float32-exact values: what a scalar summary stores is what read_scalars must return.
@@ -204,14 +204,24 @@ def test_tool_prints_one_json_line(run_dir, tmp_path):
         assert image.format == "PNG"
 
 
-@pytest.mark.slow
+def assert_tool_bad(proc, output, message):
+    errors_ = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and proc.stdout == "", (message, proc.stderr[-2000:])
+    assert len(errors_) == 1 and message in errors_[0], errors_
+    assert "Traceback" not in proc.stderr and not os.path.exists(output)
+
+
 def test_tool_bad_input_is_one_error_line_and_exit_2(run_dir, tmp_path):
-    cases = bad_inputs(run_dir, tmp_path)
-    for workdir, output, message in [cases[0], cases[2], cases[4]]:
-        proc = run_cmd(["tools/plot.py", f"--workdir={workdir}", f"--output={output}"])
-        errors_ = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        assert proc.returncode == 2 and proc.stdout == "", (workdir, proc.stderr[-2000:])
-        assert len(errors_) == 1 and message in errors_[0], errors_
-        assert "Traceback" not in proc.stderr and not os.path.exists(output)
-    proc = run_cmd(["tools/plot.py", f"--workdir={run_dir}"])
+    # In this process (conftest.run_in_process): no process start per case.
+    for workdir, output, message in bad_inputs(run_dir, tmp_path):
+        proc = run_in_process(["tools/plot.py", f"--workdir={workdir}", f"--output={output}"])
+        assert_tool_bad(proc, output, message)
+    proc = run_in_process(["tools/plot.py", f"--workdir={run_dir}"])
     assert proc.returncode == 2 and "error: --workdir and --output are required" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_real_tool_exits_2_on_bad_input(run_dir, tmp_path):
+    workdir, output, message = bad_inputs(run_dir, tmp_path)[4]
+    proc = run_cmd(["tools/plot.py", f"--workdir={workdir}", f"--output={output}"])
+    assert_tool_bad(proc, output, message)

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY, run_cmd
+from conftest import TINY, run_cmd, run_in_process
 from test_architectures import SHAPES, SMALL
 
 from tf_gan_scale import architectures, configs, data, errors, gan, precision, train_lib
@@ -217,17 +217,21 @@ def test_bad_throughput_settings_are_one_line_errors(key, value, message):
     assert str(e.value) == message
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("flags, message", [
-    (["--config.train.precision=half"], "unknown precision 'half'"),
-    (["--config.train.jit_compile=true", "--strategy=mirrored", "--num_cpu_devices=2"],
-     "config.train.jit_compile='true' needs one replica"),
-    (["--config.train.accumulation_steps=5"], "accumulation_steps=5 does not divide"),
-])
-def test_binary_exits_2_before_writing(tmp_path, flags, message):
+# In this process (conftest.run_in_process, on one device): no process start each. The
+# XLA case with 2 replicas needs a strategy of its own: the real binary.
+@pytest.mark.parametrize("flags, message, run", [
+    (["--config.train.precision=half", "--strategy=one_device"], "unknown precision 'half'",
+     run_in_process),
+    pytest.param(["--config.train.jit_compile=true", "--strategy=mirrored",
+                  "--num_cpu_devices=2"], "config.train.jit_compile='true' needs one replica",
+                 run_cmd, marks=pytest.mark.slow),
+    (["--config.train.accumulation_steps=5", "--strategy=one_device"],
+     "accumulation_steps=5 does not divide", run_in_process),
+], ids=["precision", "jit", "accumulation"])
+def test_binary_exits_2_before_writing(tmp_path, flags, message, run):
     workdir = tmp_path / "run"
-    proc = run_cmd(["-m", "tf_gan_scale.main", *TINY, f"--workdir={workdir}",
-                    "--config.train.num_steps=2", *flags])
+    proc = run(["-m", "tf_gan_scale.main", *TINY, f"--workdir={workdir}",
+                "--config.train.num_steps=2", *flags])
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if message in line]
     assert lines, proc.stderr[-2000:]

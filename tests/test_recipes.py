@@ -34,16 +34,35 @@ def recipe(name, **overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_recipe_trains_two_steps(name, one_device, tmp_path):
+def test_recipe_trains_two_steps(name, one_device, tmp_path, monkeypatch):
     config = recipe(name, **{"train.num_steps": 2, "train.global_batch_size": 4,
                              "train.log_every": 1, "train.checkpoint_every": 2,
                              "train.sample_every": 2, "eval.every": 0})
     if config.train.ema.decay:
         config.train.ema.start = 1  # Must be before the (shortened) end.
     workdir = str(tmp_path / "run")
+    initial = {}  # Each network's trainable weights as built, before any step.
+    build_gan = train_lib.build_gan
+
+    def recording_build_gan(*args, **kwargs):
+        gan = build_gan(*args, **kwargs)
+        for key, net in (("g", gan.generator), ("d", gan.discriminator)):
+            initial[key] = [w.numpy() for w in net.trainable_weights]
+        return gan
+
+    monkeypatch.setattr(train_lib, "build_gan", recording_build_gan)
     with tfds.testing.mock_data(num_examples=16):
         model = train_lib.run(config, workdir, one_device, verbose=0)
     assert int(model.step.numpy()) == 2
+    # Both networks trained: their weights moved from the initial ones, and are finite.
+    for key, net in (("g", model.generator), ("d", model.discriminator)):
+        after = [w.numpy() for w in net.trainable_weights]
+        assert len(after) == len(initial[key]), key
+        assert all(np.all(np.isfinite(w)) for w in after), key
+        moved = max(float(np.abs(a - b).max()) for a, b in zip(after, initial[key]))
+        # Adam's first updates move a weight with a gradient by ~ the learning rate.
+        lr = config.train[f"{key}_optimizer"].learning_rate
+        assert moved > 0.5 * lr, (key, moved, lr)
     assert os.path.exists(os.path.join(workdir, "checkpoints", "ckpt-2.index"))
     assert tuple(model.generator.output_shape[1:]) == SHAPES[name]
     # The recipe's knobs reached the model.

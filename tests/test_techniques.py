@@ -72,14 +72,26 @@ def test_ema_follows_the_generator_step_by_step(one_device):
     assert np.abs(model.generate(z) - model.generator(z, training=False)).max() > 1e-5
 
 
+def max_gap(a, b):
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+
 def test_ema_is_checkpointed(one_device, tmp_path):
     model = make(one_device, gan_kwargs={"ema_decay": 0.5})
     fit(model, one_device, 2)
+    trained = values(model.ema_generator.weights)
     path = tf.train.Checkpoint(**model.checkpoint_items()).write(str(tmp_path / "ckpt"))
     fresh = make(one_device, gan_kwargs={"ema_decay": 0.5})
+    untrained = values(fresh.ema_generator.weights)  # The same seed: G's initial weights.
     tf.train.Checkpoint(**fresh.checkpoint_items()).read(path).assert_consumed()
-    for a, b in zip(values(model.ema_generator.weights), values(fresh.ema_generator.weights)):
+    restored = values(fresh.ema_generator.weights)
+    for a, b in zip(restored, trained, strict=True):
         np.testing.assert_array_equal(a, b)
+    # What was restored is the moved EMA: neither the initial weights (an EMA that never
+    # updated, or was not saved, would equal them) nor the generator's (decay 0.5: after
+    # 2 steps the EMA is 1/4 w0 + 1/4 w1 + 1/2 w2, G is w2).
+    assert max_gap(restored, untrained) > 1e-3
+    assert max_gap(restored, values(model.generator.weights)) > 1e-3
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from conftest import run_cmd
+from conftest import run_cmd, run_in_process
 
 
 @pytest.mark.slow
@@ -17,6 +17,11 @@ def test_benchmark_prints_one_json_line():
     assert result["speed_vs_baseline"] > 0
 
 
-def test_benchmark_bad_input():
-    proc = run_cmd(["tools/benchmark.py", "--config=experiments/digits.py", "--synthetic=a,b"])
+# Fails before any model is built (on one device, --strategy's default): in this process
+# (conftest.run_in_process, no process start); once more by the real tool (slow).
+@pytest.mark.parametrize("run", [run_in_process,
+                                 pytest.param(run_cmd, marks=pytest.mark.slow)],
+                         ids=["in_process", "subprocess"])
+def test_benchmark_bad_input(run):
+    proc = run(["tools/benchmark.py", "--config=experiments/digits.py", "--synthetic=a,b"])
     assert proc.returncode == 2 and "error: --synthetic must be H,W,C" in proc.stderr

@@ -3,12 +3,13 @@
 import json
 import math
 import os
+import runpy
 
 import numpy as np
 import pytest
 
-from conftest import run_cmd, run_cmds
-from tf_gan_scale import data, toy_metrics
+from conftest import REPO, run_cmd, run_cmds, run_in_process
+from tf_gan_scale import data, toy_metrics, train_lib
 from tf_gan_scale.data.sources import toy_centers
 
 CENTERS, STD = toy_centers("grid25")
@@ -144,27 +145,57 @@ def test_tool_scores_the_generator_of_a_run(toy_run, tmp_path):
     assert first["step"] == 10 and first["num_samples"] == 10
 
 
-@pytest.mark.slow
-def test_tool_bad_input_is_one_line_exit_2(toy_run, tmp_path):
-    # A run trained on another source: its run.json, the generator never loaded.
-    other = tmp_path / "digits_run"
+def other_source_run(run, other):
+    """`other`: a copy of `run`'s run.json that names a source other than toy:* (the
+    generator is never loaded)."""
     other.mkdir()
-    run = json.loads((toy_run / "run.json").read_text())
-    run["config"]["data"]["source"] = "embedded:digits"
-    (other / "run.json").write_text(json.dumps(run))
-    cases = [
+    record = json.loads((run / "run.json").read_text())
+    record["config"]["data"]["source"] = "embedded:digits"
+    (other / "run.json").write_text(json.dumps(record))
+    return other
+
+
+def bad_cases(run, other, tmp_path):
+    """(args, message) of each kind of bad input, for a toy run (no checkpoint ckpt-7)."""
+    return [
         ([f"--workdir={other}"], "trained on 'embedded:digits', not a toy:* source"),
         ([f"--workdir={tmp_path / 'none'}"], "no training run in"),
         ([], "--workdir is required"),
-        ([f"--workdir={toy_run}", "--num_samples=0"], "--num_samples must be >= 1"),
-        ([f"--workdir={toy_run}", f"--checkpoint={toy_run}/checkpoints/ckpt-7"],
-         "no checkpoint"),
+        ([f"--workdir={run}", "--num_samples=0"], "--num_samples must be >= 1"),
+        ([f"--workdir={run}", f"--checkpoint={run}/checkpoints/ckpt-7"], "no checkpoint"),
     ]
-    procs = run_cmds([["tools/toy_metrics.py", *map(str, args)] for args, _ in cases])
+
+
+def assert_bad(cases, procs):
     for (args, message), proc in zip(cases, procs):
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert lines[-1].startswith("error: ") and message in lines[-1], (args, lines[-1])
         assert len([l for l in lines if l.startswith("error:")]) == 1, (args, lines)
         assert "Traceback" not in proc.stderr, args
+
+
+def test_tool_bad_input_is_one_line_exit_2(tmp_path):
+    # In this process (conftest.run_in_process), on a run.json as the binary writes it for
+    # TINY_GAUSS (train_lib.write_run; no training): no process start per case.
+    run = tmp_path / "run"
+    run.mkdir()
+    config = runpy.run_path(os.path.join(REPO, "experiments", "gauss2d.py"))["get_config"]()
+    config.model.hidden = (16, 16)
+    source = data.load(config.data.source)
+    train_lib.write_run(str(run), config, source.shape, source)
+    other = other_source_run(run, tmp_path / "digits_run")
+    cases = bad_cases(run, other, tmp_path)
+    assert_bad(cases, [run_in_process(["tools/toy_metrics.py", *map(str, args)])
+                       for args, _ in cases])
+    assert sorted(os.listdir(other)) == ["run.json"] and os.listdir(run) == ["run.json"]
+
+
+@pytest.mark.slow
+def test_the_real_tool_exits_2_on_bad_input(toy_run, tmp_path):
+    # The real run's run.json and checkpoints.
+    other = other_source_run(toy_run, tmp_path / "digits_run")
+    cases = [bad_cases(toy_run, other, tmp_path)[i] for i in (0, 4)]
+    assert_bad(cases, run_cmds([["tools/toy_metrics.py", *map(str, args)]
+                                for args, _ in cases]))
     assert sorted(os.listdir(other)) == ["run.json"]
