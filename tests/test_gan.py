@@ -181,24 +181,26 @@ def test_fit_accepts_plain_batches(one_device, batch):
     assert len(history["d_loss"]) == 2 and int(model.step.numpy()) == 8  # Finite: 4/epoch.
 
 
-CLIPS = [{"global_clipnorm": 1e-3}, {"clipnorm": 1e-4}, {"clipvalue": 1e-5}]
+# Bounds that bind on every step (SGD: the global gradient norms are ~4 (G) and ~6 (D),
+# every variable's with a gradient >= 0.05; elements up to ~1), yet large enough that
+# the clipped updates move the samples far above float32 rounding.
+CLIPS = [{"global_clipnorm": 0.05}, {"clipnorm": 0.01}, {"clipvalue": 1e-3}]
 
 
 @pytest.mark.parametrize("clip", CLIPS)
 def test_optimizer_clipping_acts_on_global_gradients(one_device, mirrored2, clip):
     # Keras clips before its own all-reduce, i.e. per replica; the GAN reduces first.
-    # Plain SGD (the update is lr x the clipped gradient) and bounds small enough to bind
-    # on every step.
+    # Plain SGD: the update is lr x the clipped gradient.
     models = [make(s, sgd=True, **clip) for s in (one_device, mirrored2)]
     for model, strategy in zip(models, (one_device, mirrored2)):
         fit(model, strategy, 2)
     np.testing.assert_allclose(samples(models[0]), samples(models[1]), atol=2e-6)
-    # The check can fail: the bound binds (twice the bound, twice the update) and its
-    # effect on the samples is far above the tolerance.
+    # The check can fail: the bound binds (twice the bound moves the samples by 5e-4 to
+    # 9e-4, measured), 100x the tolerance.
     (key, bound), = clip.items()
     loose = make(one_device, sgd=True, **{key: 2 * bound})
     fit(loose, one_device, 2)
-    assert np.abs(samples(loose) - samples(models[0])).max() > 10 * 2e-6
+    assert np.abs(samples(loose) - samples(models[0])).max() > 100 * 2e-6
 
 
 def test_loss_scale_overflow_check_sees_an_inf_on_any_replica(mirrored2):
