@@ -7,7 +7,7 @@ import runpy
 import pytest
 
 from conftest import REPO
-from tf_gan_scale import architectures, train_lib
+from tf_gan_scale import architectures, configs, train_lib
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.py")))
 SHAPES = {"embedded:digits": (8, 8, 1), "tfds:mnist": (28, 28, 1), "toy:grid25": (2,),
@@ -35,3 +35,21 @@ def test_stable_keys():
     assert config.seed == 0 and config.data.source == "tfds:mnist"
     assert config.train.num_steps > 0 and config.train.global_batch_size == 256
     assert config.model.d_dropout == 0.3
+
+
+def test_batch_norm_is_cross_replica_by_default(mirrored2):
+    # The default config (every experiment starts from configs.base()) on 2 replicas:
+    # every batch norm of G and D computes its statistics over the global batch. With
+    # per-replica BN as the default, N replicas would not train what one device trains.
+    config = configs.base()
+    config.data.source = "embedded:digits"
+    config.model.g_channels, config.model.d_channels = (32, 16, 8), (8, 16)
+    config.model.d_norm = "batch"  # D's batch norm too (the dcgan default has none).
+    with mirrored2.scope():
+        model = train_lib.build_gan(config, SHAPES["embedded:digits"])
+    bn = [(net.name, layer.name, getattr(layer, "synchronized", False))
+          for net in (model.generator, model.discriminator)
+          for layer in net._flatten_layers(include_self=False, recursive=True)
+          if hasattr(layer, "moving_mean")]
+    assert {name for name, _, _ in bn} == {model.generator.name, model.discriminator.name}
+    assert all(synced for _, _, synced in bn), bn
