@@ -136,7 +136,7 @@ def _make_step(strategy, images_fn, extractor, keep):
             kept["probs"] = out["probs"]
         return _all_gather(kept)
 
-    @tf.function
+    @tf.function(autograph=False)  # Plain Python around ops: nothing to convert.
     def step(batch):
         out = strategy.run(replica_step, args=(batch,))
         return {k: strategy.experimental_local_results(v)[0] for k, v in out.items()}
@@ -244,7 +244,7 @@ def _any_replica(strategy, flag):
         return bool(flag)
     value = tf.constant(float(flag))
 
-    @tf.function
+    @tf.function(autograph=False)
     def reduce():
         return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
             tf.distribute.ReduceOp.SUM, value))

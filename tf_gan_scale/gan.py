@@ -73,6 +73,19 @@ def call_generator(generator, z, labels=None, training=False):
     return tf.cast(out, tf.float32)
 
 
+def _unconverted_if_own(model, name):
+    """model.NAME, marked for autograph to leave alone if it is GAN's own.
+
+    The step math is plain Python around TF ops: no Python `if`/`for` on a tensor, so
+    autograph would change nothing in its graph, yet converting its ~90 functions costs
+    ~3.6 CPU-s at every start of a process (measured on the tiny DCGAN, docs/testing.md).
+    A subclass's own train_step / test_step is converted as Keras would convert it."""
+    method = getattr(model, name)
+    if getattr(type(model), name) is getattr(GAN, name):
+        return tf.autograph.experimental.do_not_convert(method)
+    return method
+
+
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
 class GAN(keras.Model):
     """A generator/discriminator pair with a distributed GAN train step.
@@ -669,10 +682,11 @@ class GAN(keras.Model):
         strategy = self.distribute_strategy
         d_steps = self.d_steps
         steps = int(self.steps_per_execution or 1)
+        step_fn = _unconverted_if_own(self, "train_step")
         # XLA compiles the per-replica step only: the iterator, the step loop and the
         # strategy's plumbing stay in the surrounding graph.
-        step_fn = tf.function(self.train_step, jit_compile=True) if self.xla \
-            else self.train_step
+        if self.xla:
+            step_fn = tf.function(step_fn, jit_compile=True)
 
         def one_step(iterator, first):
             """Runs one GAN step; returns (code, step) of the first non-finite one."""
@@ -800,7 +814,8 @@ class GAN(keras.Model):
 
         @tf.function
         def compiled(iterator, offset):
-            out = strategy.run(self.test_step, args=(next(iterator), offset))
+            out = strategy.run(_unconverted_if_own(self, "test_step"),
+                               args=(next(iterator), offset))
             return {k: strategy.experimental_local_results(v)[0] for k, v in out.items()}
 
         def test_function(iterator):

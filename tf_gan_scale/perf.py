@@ -58,7 +58,7 @@ def time_input_pipeline(iterator, strategy, *, batches_per_call, warmup_calls=2,
     def touch(batch):
         return tf.reduce_sum(batch["x"][:1])
 
-    @tf.function
+    @tf.function(autograph=False)
     def pull(iterator):
         total = tf.constant(0.0)
         for _ in range(batches_per_call):

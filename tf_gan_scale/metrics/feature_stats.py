@@ -135,7 +135,8 @@ class FeatureStats(tf.Module):
         fewer than 2 rows were seen.
         """
         if self._reduce_fn is None:
-            self._reduce_fn = tf.function(lambda: self._strategy.run(self._reduce))
+            self._reduce_fn = tf.function(lambda: self._strategy.run(self._reduce),
+                                            autograph=False)
         with self._strategy.scope():
             n, mean, cov = self._reduce_fn()
 

@@ -187,10 +187,11 @@ class MeshTrainer:
                 for e, w in zip(ema.weights, gan.generator.weights)})
         self.d_opt = ReadOnceOptimizer(gan.d_optimizer, mesh)
         self.g_opt = ReadOnceOptimizer(gan.g_optimizer, mesh)
-        self._d_fn = tf.function(self._d_update)
-        self._g_fn = tf.function(self._g_update)
+        # autograph=False: the step math is plain Python around ops (gan._unconverted_if_own).
+        self._d_fn = tf.function(self._d_update, autograph=False)
+        self._g_fn = tf.function(self._g_update, autograph=False)
         # Its own function: it reads G's weights, which the G function writes.
-        self._ema_fn = tf.function(self._ema_update)
+        self._ema_fn = tf.function(self._ema_update, autograph=False)
         self._sample_fn = None
 
     @property
