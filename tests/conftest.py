@@ -48,6 +48,62 @@ HEAVY_FIRST = ["test_equivalence.py", "test_parallel_step.py", "test_fault_toler
                "test_multi_worker.py", "test_parallel_placement.py"]
 
 
+# ---- warm process starts (tests/warm_start.py) -------------------------------------
+# Each pytest process that runs tests (each xdist worker) starts one zygote that has
+# imported TensorFlow, and `sys.executable` becomes a shim that asks it for a fresh
+# forked process: every `[sys.executable, ...]` a test (or a launcher, or a tool it
+# runs) starts then costs ~0.1 CPU-s instead of ~6. TF_GAN_SCALE_COLD_STARTS=1 turns
+# it off (every process a cold interpreter, as before).
+REAL_PYTHON = sys.executable
+_ZYGOTE = {}
+
+
+def _runs_tests(config):
+    return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("TF_GAN_SCALE_COLD_STARTS") or not _runs_tests(session.config):
+        return
+    import shlex
+    import tempfile
+    home = tempfile.mkdtemp(prefix="tfgs-warm-")
+    sock, shim = os.path.join(home, "sock"), os.path.join(home, "python")
+    script = os.path.join(REPO, "tests", "warm_start.py")
+    with open(shim, "w") as f:
+        f.write("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in (
+            REAL_PYTHON, "-S", "-E", script, "client", sock, REAL_PYTHON)) + ' "$@"\n')
+    os.chmod(shim, 0o755)
+    procs = []
+    for i in range(2):  # warm_start.ZYGOTES: workers of one cluster alternate.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+        with open(os.path.join(home, f"zygote{i}.log"), "w") as log:
+            procs.append(subprocess.Popen(
+                [REAL_PYTHON, script, "serve", f"{sock}{i}"], cwd=REPO, env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log))
+    _ZYGOTE.update(procs=procs, home=home)
+    os.environ["TF_GAN_SCALE_WARM_PYTHON"] = shim  # Children's sys.executable too.
+    # tools/cpu_timing.py adds the CPU of what they forked to each test's child CPU.
+    os.environ["TF_GAN_SCALE_WARM_ZYGOTE_PIDS"] = ",".join(str(p.pid) for p in procs)
+    sys.executable = shim
+
+
+def pytest_sessionfinish(session):
+    procs = _ZYGOTE.pop("procs", None)
+    if not procs:
+        return
+    sys.executable = REAL_PYTHON
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)  # Reaped: its children's CPU joins this process's RUSAGE_CHILDREN.
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(_ZYGOTE.pop("home"), ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     # sorted() is stable: within a file, and among unlisted files, the order stays.
