@@ -63,18 +63,23 @@ def test_a_script_and_a_module_run_as_main(tmp_path):
     (tmp_path / "pkg" / "mod.py").write_text(
         "import sys, helper\nprint(__name__, helper.VALUE, sys.argv[1:])\n")
     (tmp_path / "script.py").write_text(
-        "import sys, os\nprint(__name__, os.path.basename(__file__), sys.argv[1:],"
-        " sys.path[0] == os.path.dirname(os.path.abspath(__file__)))\n")
-    for args, expected in ((["script.py", "1"], "__main__ script.py ['1'] True\n"),
-                           (["-u", "-m", "mod", "2"], "__main__ 7 ['2']\n")):
+        "import sys, os\nprint(__name__, __file__ == os.path.abspath('script.py'), sys.argv,"
+        " sys.path[0] == os.path.dirname(__file__))\n")
+    for args, expected in ((["script.py", "1"], "__main__ True ['script.py', '1'] True\n"),
+                           (["-u", "-m", "mod", "2"], "__main__ 7 ['2']\n"),
+                           (["-c", "import sys; print(repr(sys.path[0]))"], "''\n")):
         warm, cold = both(args, tmp_path, env={"PYTHONPATH": str(tmp_path / "pkg")})
         assert warm.stdout == cold.stdout == expected, (args, warm.stderr)
         assert warm.returncode == cold.returncode == 0
+    warm, cold = both(["missing.py"], tmp_path)
+    assert warm.returncode == cold.returncode == 2
+    assert "can't open file" in warm.stderr and "can't open file" in cold.stderr
 
 
 HANDLER = r"""
 import os, signal, sys, time
 if sys.argv[1] == "handle":
+    signal.signal(signal.SIGUSR1, lambda *a: print("usr1", flush=True))
     signal.signal(signal.SIGTERM, lambda *a: (print("saved", flush=True), os._exit(143)))
 open(sys.argv[2], "w").write(str(os.getpid()))
 time.sleep(60)
@@ -83,22 +88,29 @@ time.sleep(60)
 
 def started(python, mode, pid_file, tmp_path):
     proc = subprocess.Popen([python, "-c", HANDLER, mode, str(pid_file)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
         time.sleep(0.05)
     return proc, int(pid_file.read_text())
 
 
-@pytest.mark.parametrize("mode", ["handle", "default"])
-def test_sigterm_to_the_pid_the_test_holds_reaches_the_process(mode, tmp_path):
+@pytest.mark.parametrize("mode", ["handle", "default", "interrupt"])
+def test_signals_to_the_pid_the_test_holds_reach_the_process(mode, tmp_path):
+    # Sent the moment the process says it is ready (its handlers are in place); with
+    # handlers, SIGUSR1 and SIGTERM back to back (neither may be lost on the way).
     results = []
     for i, python in enumerate((sys.executable, REAL_PYTHON)):
-        proc, _ = started(python, mode, tmp_path / f"pid{i}", tmp_path)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        results.append((proc.returncode, out))
-    assert results[0] == results[1] == ((143, "saved\n") if mode == "handle" else (-15, ""))
+        proc, _ = started(python, "default" if mode == "interrupt" else mode,
+                          tmp_path / f"pid{i}", tmp_path)
+        if mode == "handle":
+            proc.send_signal(signal.SIGUSR1)
+        proc.send_signal(signal.SIGINT if mode == "interrupt" else signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        results.append((proc.returncode, out, err.splitlines()[-1:]))
+    assert results[0] == results[1] == {
+        "handle": (143, "usr1\nsaved\n", []), "default": (-15, "", []),
+        "interrupt": (-2, "", ["KeyboardInterrupt"])}[mode], results
 
 
 @warm_only
@@ -107,14 +119,17 @@ def test_sigkill_of_the_pid_the_test_holds_kills_the_process(tmp_path):
     assert child != proc.pid  # Warm: the pid the test holds stands in for the child.
     proc.kill()
     proc.wait(30)
+    def alive():
+        try:
+            with open(f"/proc/{child}/stat") as f:  # A zombie is dead, not yet reaped.
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
     deadline = time.time() + 10
-    while os.path.exists(f"/proc/{child}") and time.time() < deadline:
-        with open(f"/proc/{child}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # Dead, not yet reaped.
-                break
+    while alive() and time.time() < deadline:
         time.sleep(0.05)
-    else:
-        assert not os.path.exists(f"/proc/{child}"), "the child outlived SIGKILL"
+    assert not alive(), "the child outlived SIGKILL"
 
 
 @warm_only
@@ -135,5 +150,6 @@ def test_a_warm_process_gets_a_fresh_runtime_and_cluster_neighbours_differ(tmp_p
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(proc.stdout.split())
     assert [out[0] for out in outs] == ["3"] * 3
-    assert outs[0][2] != outs[1][2]  # One zygote, two processes: two numpy streams.
+    assert outs[0][1] == outs[1][1]  # Both from worker 0's zygote (so: warm, not cold),
+    assert outs[0][2] != outs[1][2]  # yet two numpy streams.
     assert outs[0][1] != outs[2][1]  # Worker 0 and worker 1: two hash secrets.

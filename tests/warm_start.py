@@ -86,7 +86,7 @@ def _plain(args):
 
 
 def _task_index():
-    """This process's index in its cluster (TF_CONFIG, DTensor, Slurm), else 0."""
+    """This process's index in its cluster (TF_CONFIG, DTensor, Slurm), else None."""
     try:
         return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     except (KeyError, ValueError, TypeError):
@@ -96,25 +96,47 @@ def _task_index():
             return int(os.environ[name])
         except (KeyError, ValueError):
             pass
-    return 0
+    return None
+
+
+def _zygote(sock_prefix):
+    """Which zygote serves this command. Two zygotes with different hash secrets:
+    neighbouring workers of a cluster come from different ones, and other commands take
+    turns, so string-set iteration orders differ between two processes as between cold
+    ones (a resumed run vs a straight one, worker 0 vs worker 1: an order bug shows)."""
+    index = _task_index()
+    if index is None:
+        fd = os.open(sock_prefix + ".turns", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b".")
+            index = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return f"{sock_prefix}{index % ZYGOTES}"
+
+
+def _cold(python, args):
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)  # exec keeps the mask.
+    os.execv(python, [python, *args])
 
 
 def client(sock_prefix, python, args):
+    # Signals wait (blocked, pending) until the child exists and the relay is in place:
+    # a SIGTERM the test sends as soon as the child said it is ready reaches the child.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
+    if not _plain(args) or os.environ.get("TF_GAN_SCALE_COLD_START"):
+        _cold(python, args)  # TF_GAN_SCALE_COLD_START: the test asks for a cold start.
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        if not _plain(args) or os.environ.get("TF_GAN_SCALE_COLD_START"):
-            raise OSError("a cold start")  # TF_GAN_SCALE_COLD_START: the test asks for one.
-        # Two zygotes with different hash secrets: neighbouring workers of a cluster come
-        # from different ones, so string-set iteration orders differ between them as
-        # between cold processes (a cross-worker ordering bug is not masked).
-        conn.connect(f"{sock_prefix}{_task_index() % ZYGOTES}")
+        conn.connect(_zygote(sock_prefix))
+        _send(conn, {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)},
+              fds=[0, 1, 2])
+        reader = _Reader(conn)
+        msg = reader.read()
     except OSError:
-        os.execv(python, [python, *args])
-    _send(conn, {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}, fds=[0, 1, 2])
-    reader = _Reader(conn)
-    msg = reader.read()
-    if msg is None:  # The zygote ended before it forked the child: start cold instead.
-        os.execv(python, [python, *args])
+        msg = None
+    if msg is None:  # No zygote, or it ended before it forked the child: start cold.
+        _cold(python, args)
     for fd in (0, 1, 2):  # The child holds them now; the client keeps only the socket.
         os.close(fd)
 
@@ -126,11 +148,14 @@ def client(sock_prefix, python, args):
 
     for sig in RELAYED:
         signal.signal(sig, relay)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     while "exit" not in msg:
         try:
             msg = reader.read()
         except InterruptedError:
             continue
+        except OSError:
+            msg = None
         if msg is None:  # The zygote died under the child: report it as a crash.
             os._exit(70)
     status = msg["exit"]
@@ -138,6 +163,10 @@ def client(sock_prefix, python, args):
         sig = os.WTERMSIG(status)
         for s in RELAYED:
             signal.signal(s, signal.SIG_DFL)
+        try:  # Python ignores SIGPIPE and SIGXFSZ: die by them all the same.
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status))
@@ -184,17 +213,19 @@ def serve(sock_path):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    parent = os.getppid()
     print("ready", flush=True)
     while True:
-        ready, _, _ = select.select([server, wake_r], [], [])
+        ready, _, _ = select.select([server, wake_r], [], [], 5.0)
+        if os.getppid() != parent:  # The pytest process is gone (crashed, killed): so go.
+            sys.exit(0)
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap()
         if server not in ready:
             continue
         conn, _ = server.accept()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush()  # Nothing buffered here is written twice by the children.
         if os.fork() == 0:
             server.close()
             signal.set_wakeup_fd(-1)
@@ -209,13 +240,34 @@ def serve(sock_path):
         conn.close()
 
 
+def _flush():
+    """Python's and C's stdio buffers (TensorFlow's C++ code writes through C stdio)."""
+    import ctypes
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    ctypes.CDLL(None).fflush(None)
+
+
 def _monitor(conn, base_path):
     """Forks the child of one command, relays signals to it, reports its exit status."""
     reader = _Reader(conn)
-    request = reader.read()
+    try:
+        request = reader.read()
+    except OSError:
+        request = None
+    if request is None:  # The client went away before it asked for anything.
+        os._exit(0)
     fds = reader.fds
+    monitor = os.getpid()
     pid = os.fork()
     if pid == 0:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the monitor.
+        if os.getppid() != monitor:
+            os._exit(70)
         try:
             code = _child(request, fds, conn, base_path)
         except BaseException:  # noqa: BLE001  Whatever escapes: exit as Python would.
@@ -223,27 +275,31 @@ def _monitor(conn, base_path):
         os._exit(code)
     for fd in fds:
         os.close(fd)
-    _send(conn, {"started": pid})
     pidfd = os.pidfd_open(pid)
-    while True:
-        ready, _, _ = select.select([conn, pidfd], [], [])
-        if pidfd in ready:
-            _, status, _ = os.wait4(pid, 0)
-            try:
-                _send(conn, {"exit": status})
-            except OSError:
-                pass
-            os._exit(0)
-        msg = reader.read()
-        if msg is None:  # The client is gone (SIGKILL): so is its process.
-            os.kill(pid, signal.SIGKILL)
-            os.wait4(pid, 0)
-            os._exit(0)
-        if "signal" in msg:
-            try:
-                os.kill(pid, msg["signal"])
-            except ProcessLookupError:
-                pass
+    try:
+        _send(conn, {"started": pid})
+        while True:
+            if b"\n" not in reader.buf:  # A relayed signal already read waits no longer.
+                ready, _, _ = select.select([conn, pidfd], [], [])
+                if pidfd in ready:
+                    _, status, _ = os.wait4(pid, 0)
+                    try:
+                        _send(conn, {"exit": status})
+                    except OSError:
+                        pass
+                    os._exit(0)
+            msg = reader.read()
+            if msg is None:
+                raise ConnectionResetError("the client is gone")
+            if "signal" in msg:
+                try:
+                    os.kill(pid, msg["signal"])
+                except ProcessLookupError:
+                    pass
+    except OSError:  # The client is gone (SIGKILL, a reset socket): so is its process.
+        os.kill(pid, signal.SIGKILL)
+        os.wait4(pid, 0)
+        os._exit(0)
 
 
 def _child(request, fds, conn, base_path):
@@ -280,15 +336,17 @@ def _child(request, fds, conn, base_path):
     if "numpy" in sys.modules:  # random reseeds itself after a fork; numpy does not.
         sys.modules["numpy"].random.seed()
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if args[0] in ("-m", "-c"):
-        sys.argv, first = [args[0], *args[2:]], os.getcwd()
+    if args[0] == "-c":  # As the interpreter sets sys.path[0]: "" for -c, the cwd for -m,
+        sys.argv, first = ["-c", *args[2:]], ""  # the script's directory for a script.
+    elif args[0] == "-m":
+        sys.argv, first = ["-m", *args[2:]], os.getcwd()
     else:
         sys.argv, first = args, os.path.dirname(os.path.abspath(args[0]))
     sys.path[:] = [first, *extra, *base_path]
     # What this process starts with sys.executable starts warm too (e.g. a launcher's
     # workers, tools/benchmark.py's runs).
     sys.executable = os.environ.get("TF_GAN_SCALE_WARM_PYTHON") or sys.executable
-    code = 0
+    code, interrupted = 0, False
     try:
         if args[0] == "-m":
             runpy._run_module_as_main(args[1], alter_argv=True)  # noqa: SLF001  As `-m`.
@@ -298,28 +356,31 @@ def _child(request, fds, conn, base_path):
             if args[0] == "-c":
                 source, filename = args[1], "<string>"
             else:
-                filename = main.__file__ = args[0]
-                with open(filename, "rb") as f:
-                    source = f.read()
+                filename = main.__file__ = os.path.abspath(args[0])
+                try:
+                    with open(filename, "rb") as f:
+                        source = f.read()
+                except OSError as e:  # The interpreter's own message and status.
+                    print(f"{sys.executable}: can't open file {filename!r}: [Errno "
+                          f"{e.errno}] {e.strerror}", file=sys.stderr)
+                    return 2
             sys.modules["__main__"] = main
             exec(compile(source, filename, "exec"), main.__dict__)  # noqa: S102
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
-    except BaseException:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        code = 1
+    except BaseException as e:  # noqa: BLE001  Printed as the interpreter prints it,
+        tb = e.__traceback__.tb_next or e.__traceback__  # without this frame.
+        sys.excepthook(type(e), e, tb)
+        # Uncaught KeyboardInterrupt: Python 3.8+ dies by SIGINT (after the exit handlers).
+        interrupted, code = isinstance(e, KeyboardInterrupt), 1
     threading._shutdown()  # noqa: SLF001  As the interpreter does at exit.
     atexit._run_exitfuncs()  # noqa: SLF001
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
 
 

@@ -79,7 +79,11 @@ def _unconverted_if_own(model, name):
     The step math is plain Python around TF ops: no Python `if`/`for` on a tensor, so
     autograph would change nothing in its graph, yet converting its ~90 functions costs
     ~3.6 CPU-s at every start of a process (measured on the tiny DCGAN, docs/testing.md).
-    A subclass's own train_step / test_step is converted as Keras would convert it."""
+    What it calls runs unconverted too, a callable loss or penalty included, as Keras 3
+    runs every train_step (its trainer's `one_step_on_data` is `do_not_convert`): a
+    Python `if` on a tensor there fails when traced, and `print` prints once, at trace
+    time (use tf.cond, tf.print). A subclass's own train_step / test_step is still
+    converted (with what it calls), as before."""
     method = getattr(model, name)
     if getattr(type(model), name) is getattr(GAN, name):
         return tf.autograph.experimental.do_not_convert(method)
