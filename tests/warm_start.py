@@ -33,6 +33,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
            signal.SIGQUIT)
@@ -137,6 +138,7 @@ def client(sock_prefix, python, args):
         msg = None
     if msg is None:  # No zygote, or it ended before it forked the child: start cold.
         _cold(python, args)
+    started = msg
     for fd in (0, 1, 2):  # The child holds them now; the client keeps only the socket.
         os.close(fd)
 
@@ -159,6 +161,11 @@ def client(sock_prefix, python, args):
         if msg is None:  # The zygote died under the child: report it as a crash.
             os._exit(70)
     status = msg["exit"]
+    # Return once the zygote has reaped the monitor: the child's CPU is then in the
+    # zygote's cutime, and tools/cpu_timing.py books it to the test that ran it.
+    deadline = time.monotonic() + 2.0
+    while os.path.exists(f"/proc/{started['monitor']}") and time.monotonic() < deadline:
+        time.sleep(0.002)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         for s in RELAYED:
@@ -277,7 +284,7 @@ def _monitor(conn, base_path):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
     try:
-        _send(conn, {"started": pid})
+        _send(conn, {"started": pid, "monitor": os.getpid()})
         while True:
             if b"\n" not in reader.buf:  # A relayed signal already read waits no longer.
                 ready, _, _ = select.select([conn, pidfd], [], [])
