@@ -174,7 +174,10 @@ def test_clients_that_restore_different_steps_refuse_to_train(tmp_path):
     proc = run_cmd(["tools/launch_local.py", "--num_workers=2", "--mesh=batch:2,model:1",
                     "--", "bash", "-c",
                     'exec "$0" -m tf_gan_scale.main --workdir="$BASE/$DTENSOR_CLIENT_ID" "$@"',
-                    sys.executable, *ARGS], env={**NO_GCE, "BASE": str(base)}, timeout=300)
+                    sys.executable, *ARGS], env={**NO_GCE, "BASE": str(base),
+                                                 # Cold clients (docs/testing.md, warm
+                                                 # starts: what stays cold).
+                                                 "TF_GAN_SCALE_COLD_START": "1"}, timeout=300)
     assert proc.returncode == 2, proc.stdout[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if "error:" in ln]
     for client, step in ((0, 5), (1, 0)):
