@@ -146,3 +146,26 @@ def test_bad_input_of_the_real_launcher_is_one_line():
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--num_workers must be >= 1" in proc.stderr, \
         proc.stderr
+
+
+def test_the_worker_that_failed_first_is_reported_though_its_peer_exits_in_the_same_poll(
+        tmp_path):
+    """A killed worker's peer sees its collective reset and fails within a fraction of a
+    second: both are found exited at one poll. The launcher reports the first to exit
+    (here worker 1; worker 0 exits 0.3 s after it), not the lower index. Python workers
+    without TensorFlow: ~1 s."""
+    import io
+    cmd = write_worker(tmp_path, """
+        done = os.path.join(OUT, "worker1_exits")
+        if INDEX == 1:
+            open(done, "w").close()
+            sys.exit(137)
+        while not os.path.exists(done):
+            time.sleep(0.01)
+        time.sleep(0.3)
+        sys.exit(1)
+    """)
+    out = io.StringIO()
+    # One poll every 3 s: both have exited by the first that sees either.
+    assert launch.launch(cmd, 2, grace_s=5, poll_s=3, out=out) == 137, out.getvalue()
+    assert "worker 1 exited with code 137; worker exit codes [1, 137]" in out.getvalue()

@@ -112,6 +112,11 @@ class _Group:
 
     def __init__(self, commands, out, lock):
         self.procs, self.pumps = [], []
+        # When each worker exited (monotonic s), recorded by a thread that waits for it:
+        # the supervisor reports the worker that failed FIRST. Polling cannot tell: a
+        # killed worker's peer sees its collective reset and exits within one poll
+        # interval, and the lower index would be reported.
+        self.exited_at = {}
         for i, (argv, env) in enumerate(commands):
             proc = subprocess.Popen(
                 argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
@@ -123,8 +128,13 @@ class _Group:
             pump = threading.Thread(target=self._pump, args=(proc, f"[worker {i}] ", out, lock),
                                     daemon=True)
             pump.start()
+            threading.Thread(target=self._note_exit, args=(i, proc), daemon=True).start()
             self.procs.append(proc)
             self.pumps.append(pump)
+
+    def _note_exit(self, i, proc):
+        proc.wait()
+        self.exited_at[i] = time.monotonic()
 
     @staticmethod
     def _pump(proc, prefix, out, lock):
@@ -168,7 +178,8 @@ def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30
            num_gpus=None, out=None, poll_s=0.1, mesh=None):
     """Runs `cmd` as `num_workers` local workers; returns the exit code for the launcher.
 
-    0 when every worker of an attempt exits 0; otherwise the first failing worker's code
+    0 when every worker of an attempt exits 0; otherwise the code of the worker that failed
+    first (by exit time)
     (128 + N for a death by signal N) of the last attempt.
     """
     out = out or sys.stdout
@@ -224,10 +235,12 @@ def _supervise(group, stop, grace_s, poll_s):
             group.signal_all(signal.SIGTERM)
             codes = group.end(grace_s)
             return 128 + stop[0], (f"stopped by signal {stop[0]}; worker exit codes {codes}")
-        codes = [p.poll() for p in group.procs]
-        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        codes = [p.returncode if i in group.exited_at else None
+                 for i, p in enumerate(group.procs)]
+        failed = sorted((group.exited_at[i], i, c) for i, c in enumerate(codes)
+                        if c not in (None, 0))
         if failed:
-            i, code = failed[0]
+            _, i, code = failed[0]
             # The others learn of the loss through their collectives (peer timeout) or
             # save and exit themselves after a preemption; past grace_s they are killed.
             codes = group.end(grace_s)
