@@ -179,8 +179,7 @@ def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30
     """Runs `cmd` as `num_workers` local workers; returns the exit code for the launcher.
 
     0 when every worker of an attempt exits 0; otherwise the code of the worker that failed
-    first (by exit time)
-    (128 + N for a death by signal N) of the last attempt.
+    first, by exit time (128 + N for a death by signal N), of the last attempt.
     """
     out = out or sys.stdout
     lock = threading.Lock()
