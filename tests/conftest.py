@@ -186,6 +186,42 @@ def mirrored2():
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(2)])
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def one_device():
+    # One per process, as mirrored2: `shared` keeps its GANs per strategy object.
     return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+_SHARED = {}  # (builder, strategy id, arguments) -> (strategy, GAN, initial values)
+
+
+def _gan_state(model):
+    """Every variable of a GAN that training changes: G's and D's weights (moving
+    statistics, dropout counters, an EMA copy, LeCam's anchors), both optimizers'
+    (step counter, slots) and the loss trackers'."""
+    out, seen = [], set()
+    for v in [*model.variables, *model.g_optimizer.variables, *model.d_optimizer.variables,
+              *(v for m in model.metrics for v in m.variables)]:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def shared(build, strategy, **kwargs):
+    """build(strategy, **kwargs), a compiled GAN, built once per test process and reused:
+    each call returns the same GAN with every variable set back to its value as built,
+    so a test sees the model `build` gives without tracing its step again (a trace of a
+    tiny DCGAN step costs ~5-10 CPU-s, its steps milliseconds). For tests that neither
+    change the model's settings (compile, attributes) nor patch what its step traces;
+    the others call `build` itself. tests/test_keras_model.py checks that training from
+    the reset state twice gives the same weights."""
+    key = (build.__module__, build.__qualname__, id(strategy), tuple(sorted(kwargs.items())))
+    if key not in _SHARED:  # The strategy is kept alive with it: its id stays its own.
+        model = build(strategy, **kwargs)
+        _SHARED[key] = (strategy, model, [v.numpy() for v in _gan_state(model)])
+    _, model, initial = _SHARED[key]
+    for v, value in zip(_gan_state(model), initial, strict=True):
+        v.assign(value)
+    model.stop_training = False
+    return model

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import shared
 from tf_gan_scale import architectures, data, gan, latents, replica
 from tf_gan_scale.layers import ReplicaDropout
 
@@ -70,7 +71,7 @@ def weights(model):
 def test_two_replicas_match_one_device_and_log_the_same(one_device, mirrored2):
     # Plain SGD: a wrong gradient scale would show (tests/test_equivalence.py has the
     # measured tolerance and the full set of cases).
-    a, b = make(one_device, sgd=True), make(mirrored2, sgd=True)
+    a, b = shared(make, one_device, sgd=True), shared(make, mirrored2, sgd=True)
     ha, hb = fit(a, one_device, 4), fit(b, mirrored2, 4)
     for wa, wb in zip(weights(a), weights(b)):
         assert np.abs(wa - wb).max() <= 1e-5 * (1 + np.abs(wa).max())
@@ -97,7 +98,7 @@ def test_d_steps_counts_optimizer_iterations(mirrored2):
 @pytest.mark.slow
 def test_steps_per_execution_gives_the_same_weights(mirrored2):
     # Plain SGD (an update is lr x the gradient: nothing divides an error away).
-    a, b = make(mirrored2, sgd=True), make(mirrored2, sgd=True, spe=2)
+    a, b = shared(make, mirrored2, sgd=True), make(mirrored2, sgd=True, spe=2)
     after_3 = []  # a's samples after its third step: what a lost step would leave.
 
     class Third(keras.callbacks.Callback):
@@ -273,7 +274,7 @@ def test_logged_gradient_norms_are_the_global_ones(strategy_name, request):
     # With plain SGD an update is -lr * the global gradient: its norm over a network's
     # trainable weights, divided by lr, is the gradient norm the step must log.
     strategy = request.getfixturevalue(strategy_name)
-    model = make(strategy, sgd=True)
+    model = shared(make, strategy, sgd=True)
     before = {n: [v.numpy() for v in getattr(model, n).trainable_variables]
               for n in ("generator", "discriminator")}
     logs = fit(model, strategy, 1)

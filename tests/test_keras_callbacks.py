@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import shared
 from test_gan import digits, make, samples
 from tf_gan_scale import errors, latents
 
@@ -27,7 +28,7 @@ def fit(model, strategy, epochs, callbacks, initial_epoch=0):
 
 
 def test_csv_logger_and_tensorboard_record_the_global_losses(strategy, tmp_path):
-    model = make(strategy, sgd=True)
+    model = shared(make, strategy, sgd=True)
     history = fit(model, strategy, 3, [keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
                                        keras.callbacks.TensorBoard(str(tmp_path / "tb"))])
     with open(tmp_path / "log.csv") as f:
@@ -45,7 +46,7 @@ def test_csv_logger_and_tensorboard_record_the_global_losses(strategy, tmp_path)
 
 
 def test_early_stopping_on_a_loss(strategy):
-    model = make(strategy, sgd=True)
+    model = shared(make, strategy, sgd=True)
     # D's loss falls from its first epoch on: "stop when it stops rising" ends after one
     # epoch of patience.
     history = fit(model, strategy, 5, [keras.callbacks.EarlyStopping(
@@ -57,7 +58,7 @@ def test_early_stopping_on_a_loss(strategy):
 
 def test_model_checkpoint_weights_round_trip(strategy, tmp_path):
     path = str(tmp_path / "gan.weights.h5")
-    model = make(strategy, sgd=True)
+    model = shared(make, strategy, sgd=True)
     fit(model, strategy, 2, [keras.callbacks.ModelCheckpoint(path, save_weights_only=True)])
     fresh = make(strategy, sgd=True)
     assert not np.allclose(samples(fresh), samples(model))
@@ -75,7 +76,7 @@ def test_backup_and_restore_resumes_at_the_interrupted_epoch(strategy, tmp_path)
             if epoch == 2:
                 raise KeyboardInterrupt
 
-    model = make(strategy, sgd=True)
+    model = shared(make, strategy, sgd=True)
     with pytest.raises(KeyboardInterrupt):
         fit(model, strategy, 4, [keras.callbacks.BackupAndRestore(backup), Interrupt()])
     after_two = samples(model)

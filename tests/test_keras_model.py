@@ -9,17 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_cmd
+from conftest import run_cmd, shared
 from test_gan import LATENT, digits, samples
 from tf_gan_scale import architectures, data, errors, gan, latents, losses
 
 N_HELD_OUT = 37  # 16 + 16 + 5: a last batch that splits 3 / 2 over 2 replicas.
-
-
-@pytest.fixture(scope="module")
-def one_device():
-    # One per module (conftest's is per test): shared() keeps a GAN per strategy object.
-    return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
 @pytest.fixture(params=["one_device", "mirrored2"])
@@ -27,42 +21,14 @@ def strategy(request):
     return request.getfixturevalue(request.param)
 
 
-_SHARED = {}  # id(strategy) -> (strategy, GAN, its initial state)
-
-
-def _state(model):
-    """Every variable of `model` that training changes: G's and D's weights (moving
-    statistics and dropout counters included), both optimizers' (step counter, slots)
-    and the loss trackers'."""
-    return list(model.weights) + [
-        v for opt in (model.g_optimizer, model.d_optimizer) for v in opt.variables] + [
-        v for m in model.metrics for v in m.variables]
-
-
-def shared(strategy):
-    """make(strategy), built, compiled and traced once per strategy in this module: each
-    call returns the same GAN with every variable set back to its value as built, so a
-    test sees the fresh model `make` gives, without tracing its step again (a trace of
-    this GAN costs ~10 CPU-s on 2 replicas, its steps milliseconds). For tests that
-    neither change the model's settings nor patch what its step traces; the rest `make`."""
-    if id(strategy) not in _SHARED:
-        model = make(strategy)
-        _SHARED[id(strategy)] = (strategy, model, [v.numpy() for v in _state(model)])
-    _, model, initial = _SHARED[id(strategy)]
-    for v, value in zip(_state(model), initial, strict=True):
-        v.assign(value)
-    model.stop_training = False
-    return model
-
-
 def test_shared_resets_everything_a_step_reads(strategy):
-    """The check behind `shared`: its state is the model as built, so training from it
-    twice gives the same weights; state it missed (a counter a step reads) would move
+    """The check behind conftest.shared: its state is the model as built, so training
+    from it twice gives the same weights; state it missed (a counter a step reads) would move
     between the two and change the second."""
-    model = shared(strategy)
+    model = shared(make, strategy)
     train(model, strategy, 2)
     first = weights(model) + optimizer_state(model)
-    model = shared(strategy)
+    model = shared(make, strategy)
     assert int(model.step.numpy()) == 0
     train(model, strategy, 2)
     for a, b in zip(weights(model) + optimizer_state(model), first, strict=True):
@@ -106,7 +72,7 @@ def optimizer_state(model):
 
 def test_save_load_model_restores_everything_and_training_continues(strategy, tmp_path):
     path = str(tmp_path / "gan.keras")
-    model = shared(strategy)
+    model = shared(make, strategy)
     train(model, strategy, 2)
     model.save(path)
     with strategy.scope():
@@ -136,7 +102,7 @@ def test_save_load_model_restores_everything_and_training_continues(strategy, tm
 
 def test_model_checkpoint_full_model_loads(strategy, tmp_path):
     path = str(tmp_path / "epoch{epoch}.keras")
-    model = shared(strategy)
+    model = shared(make, strategy)
     model.fit(strategy.experimental_distribute_dataset(digits()), epochs=2,
               steps_per_epoch=1, verbose=0,
               callbacks=[keras.callbacks.ModelCheckpoint(path)])
@@ -189,7 +155,7 @@ def test_evaluate_gives_the_global_mean_losses(one_device, mirrored2):
     x = held_out()
     expected = expected_losses(make(one_device), x)
     for strategy in (one_device, mirrored2):
-        model = shared(strategy)
+        model = shared(make, strategy)
         before = weights(model)
         for batch_size in (16, 8):  # 37 = 16 + 16 + 5 (3 + 2 on 2 replicas) = 4 x 8 + 5.
             logs = model.evaluate(x, batch_size=batch_size, verbose=0, return_dict=True)
@@ -204,7 +170,7 @@ def test_evaluate_gives_the_global_mean_losses(one_device, mirrored2):
 
 
 def test_validation_reports_val_entries_every_validation_freq_epochs(strategy):
-    model = shared(strategy)
+    model = shared(make, strategy)
     x = held_out()
     history = model.fit(strategy.experimental_distribute_dataset(digits()), epochs=4,
                         steps_per_epoch=1, verbose=0, validation_data=(x,),
@@ -217,7 +183,7 @@ def test_validation_reports_val_entries_every_validation_freq_epochs(strategy):
 
 
 def test_predict_returns_the_generator_outputs_in_order(strategy):
-    model = shared(strategy)
+    model = shared(make, strategy)
     z = latents.fixed(3, N_HELD_OUT, LATENT).numpy()
     out = model.predict(z, batch_size=16, verbose=0)
     np.testing.assert_allclose(out, model.generator(z, training=False).numpy(), atol=1e-6)
@@ -228,7 +194,7 @@ def test_predict_returns_the_generator_outputs_in_order(strategy):
 
 
 def test_batches_that_do_not_split_over_replicas_fail_before_the_step(mirrored2):
-    model = shared(mirrored2)
+    model = shared(make, mirrored2)
     before = weights(model)
     dataset = data.make_dataset(data.load("embedded:digits"), global_batch_size=15, seed=0)
     with pytest.raises(errors.UnevenBatchError,
@@ -243,11 +209,11 @@ def test_batches_that_do_not_split_over_replicas_fail_before_the_step(mirrored2)
 
 def test_a_partial_last_numpy_batch_fails_on_replicas_only(one_device, mirrored2):
     x = held_out()  # 37 examples, batch 16: the last batch has 5 (3 + 2 on 2 replicas).
-    model = shared(mirrored2)
+    model = shared(make, mirrored2)
     with pytest.raises(errors.UnevenBatchError, match="before generator step 2"):
         model.fit(x, batch_size=16, epochs=1, verbose=0)  # d_steps=2: 2 batches a step.
     assert int(model.step.numpy()) == 1
-    model = shared(one_device)
+    model = shared(make, one_device)
     model.fit(x, batch_size=16, epochs=1, verbose=0)  # One device: any batch is whole.
     # 3 batches (16, 16, 5) at d_steps=2: 2 steps, the second with the 5-row batch
     # (measured; replicas stop before it, above).
@@ -257,7 +223,7 @@ def test_a_partial_last_numpy_batch_fails_on_replicas_only(one_device, mirrored2
 def test_the_second_batch_of_a_step_is_checked_too(mirrored2):
     # 53 = 16 + 16 + 16 + 5 with d_steps=2: step 2 gets 16 rows, then 5 (3 + 2).
     x = data.load("embedded:digits").arrays["x"][:53]
-    model = shared(mirrored2)
+    model = shared(make, mirrored2)
     with pytest.raises(errors.UnevenBatchError, match="before generator step 2"):
         model.fit(x, batch_size=16, epochs=1, verbose=0)
     assert int(model.step.numpy()) == 1
@@ -333,7 +299,7 @@ def test_a_replica_with_no_rows_of_the_last_batch(one_device, mirrored2):
     x = held_out()[:33]
     z = latents.fixed(3, 33, LATENT).numpy()
     expected = expected_losses(make(one_device), x)
-    model = shared(mirrored2)
+    model = shared(make, mirrored2)
     logs = model.evaluate(x, batch_size=16, verbose=0, return_dict=True)
     np.testing.assert_allclose([logs["d_loss"], logs["g_loss"]], expected, rtol=1e-6)
     np.testing.assert_allclose(model.predict(z, batch_size=16, verbose=0),
