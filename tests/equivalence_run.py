@@ -70,7 +70,7 @@ def cases():
                    "digits16", 10),
         # Gradient accumulation (issue 11): 2 micro-batches per update. Without batch
         # norm it must equal the unaccumulated "no_bn"; with it, micro-batch j is the
-        # same global rows on every topology (gan._micro_batches).
+        # same global rows on every topology (GanStep.micro_batches).
         "no_bn": ({"model.g_norm": "none"}, "digits"),
         "accumulate": ({"model.g_norm": "none", "train.accumulation_steps": 2}, "digits"),
         "accumulate_bn": ({**dcgan, "train.accumulation_steps": 2}, "digits"),
@@ -124,7 +124,7 @@ def load_source(name):
 
 def count_collectives(model, dist_dataset, strategy):
     """Collective all-reduce ops per replica in one traced GAN step."""
-    graph = model._step_function.get_concrete_function(iter(dist_dataset)).graph
+    graph = model.step_function.get_concrete_function(iter(dist_dataset)).graph
     return all_reduces_per_replica(graph, strategy)
 
 
@@ -162,7 +162,8 @@ def main(argv):
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
     strategy = distribute.make_strategy(FLAGS.strategy, num_cpu_devices=FLAGS.num_cpu_devices)
-    from tf_gan_scale import data, replica, train_lib
+    from tf_gan_scale import data, replica
+    from tf_gan_scale import training
     if FLAGS.scale_error:
         replica.global_mean = lambda per_example, global_batch: tf.reduce_mean(per_example)
     out = {"rows": rows_match_pipeline(strategy),
@@ -174,7 +175,7 @@ def main(argv):
         config = make_config(overrides, source_name)
         source = load_source(source_name)
         with strategy.scope():
-            model = train_lib.build_gan(config, source.shape, source.num_classes)
+            model = training.build_gan(config, source.shape, source.num_classes)
         dataset = data.distribute(
             data.make_dataset(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
         if multi_worker:

@@ -51,10 +51,11 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False):
     and none of them changes it (they copy its initial weights)."""
     import numpy as np
     import tensorflow as tf
-    from tf_gan_scale import data, train_lib
+    from tf_gan_scale import data
+    from tf_gan_scale import training
     c = config(arch, optimizer, d_steps, ema)
     source = data.load(c.data.source)
-    ref = train_lib.build_gan(c, source.shape, 0)
+    ref = training.build_gan(c, source.shape, 0)
     nets = [ref.generator, ref.discriminator] + ([ref.ema.model] if ema else [])
     init = [net.get_weights() for net in nets]
     rng = np.random.default_rng(0)
@@ -79,20 +80,23 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
     compares its weights ("ema_diff")."""
     import numpy as np
     import tensorflow as tf
-    from tf_gan_scale import data, train_lib
+    from tf_gan_scale import data
+    from tf_gan_scale import training
+    from tf_gan_scale.cluster import mesh_spec
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    from tf_gan_scale.parallel import tensors
     ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema)
     c = config(arch, optimizer, d_steps, ema)
     source = data.load(c.data.source)
     for opt in (c.train.d_optimizer, c.train.g_optimizer):
         opt.learning_rate *= lr_scale
-    mesh_gan = train_lib.build_gan(c, source.shape, 0)
+    mesh_gan = training.build_gan(c, source.shape, 0)
     pairs = [(ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)]
     if ema:
         pairs.append((ref.ema.model, mesh_gan.ema.model))
     for (_, b), weights in zip(pairs, init):  # The reference's weights before training.
         b.set_weights(weights)
-    dims = mesh_lib.parse(spec)
+    dims = mesh_spec.parse(spec)
     threshold = layouts.CONV_SPLIT_MIN_PARAMS
     try:
         layouts.CONV_SPLIT_MIN_PARAMS = 0 if convs else threshold
@@ -104,8 +108,8 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
     if fused:
         @tf.function
         def both(real, labels, step, t, lr):
-            d = trainer._d_update(real, labels, step, 0, t, lr)
-            return d, trainer._g_update(tf.shape(real)[0], step, t, lr)
+            d = trainer.d_update(real, labels, step, 0, t, lr)
+            return d, trainer.g_update(tf.shape(real)[0], step, t, lr)
 
         def fused_step(batches_):
             real, labels = batches_[0]
@@ -115,13 +119,13 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
                         tf.constant(trainer.g_opt.lr(n), tf.float32))
             trainer.d_opt.count(n + 1)
             trainer.g_opt.count(n + 1)
-            return float(layouts.gather(d)), float(layouts.gather(g))
+            return float(tensors.gather(d)), float(tensors.gather(g))
         trainer.train_step = fused_step
     for xs in batches:
         d_loss, g_loss = trainer.train_step([trainer.batch(x) for x in xs])
     def gap(a_net, b_net):
         return max(float(np.abs(a.numpy().astype(np.float64)
-                                - layouts.gather(b).astype(np.float64)).max())
+                                - tensors.gather(b).astype(np.float64)).max())
                    for a, b in zip(a_net.weights, b_net.weights))
 
     diff = max(gap(a, b) for a, b in pairs[:2])

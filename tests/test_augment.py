@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import augment, errors, latents, replica
+from tf_gan_scale import errors, latents, replica
+from tf_gan_scale.gan import augment
 
 ALL = "color,translation,cutout"
 K = latents.key(7, 3, 0)

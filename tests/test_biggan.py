@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_cmd
-from tf_gan_scale import architectures, convert, errors
+from tf_gan_scale import architectures, errors
+from tf_gan_scale.layers import convert
 from tf_gan_scale.architectures import biggan
 from tf_gan_scale.layers import (ConditionalBatchNormalization, SelfAttention,
                                  SyncBatchNormalization)

@@ -11,7 +11,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cmd, run_in_process
-from tf_gan_scale import clusters, errors, train_lib
+from tf_gan_scale import errors
+from tf_gan_scale import distribute
+from tf_gan_scale.cluster import env as cluster_env
+from tf_gan_scale.cluster import kubernetes
+from tf_gan_scale import training
 
 # What srun sets for `--nodes=2 --ntasks-per-node=2` (experiments/slurm/train.sbatch).
 SLURM_2x2 = {"SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
@@ -21,9 +25,9 @@ SLURM_2x2 = {"SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "
 def test_slurm_cluster_block_layout_and_ports():
     workers = ["gpu07:8888", "gpu07:8889", "gpu08:8888", "gpu08:8889"]
     for rank in range(4):
-        cluster, index = clusters.slurm_cluster(dict(SLURM_2x2, SLURM_PROCID=str(rank)))
+        cluster, index = cluster_env.slurm_cluster(dict(SLURM_2x2, SLURM_PROCID=str(rank)))
         assert cluster == {"worker": workers} and index == rank
-    cluster, _ = clusters.slurm_cluster({"SLURM_JOB_NODELIST": "a1,b[3-4]",
+    cluster, _ = cluster_env.slurm_cluster({"SLURM_JOB_NODELIST": "a1,b[3-4]",
                                          "SLURM_TASKS_PER_NODE": "1(x2),2",
                                          "SLURM_PROCID": "3", "TF_GAN_SCALE_PORT": "9000"})
     assert cluster == {"worker": ["a1:9000", "b3:9000", "b4:9000", "b4:9001"]}
@@ -31,7 +35,7 @@ def test_slurm_cluster_block_layout_and_ports():
 
 def test_slurm_resolver_on_a_cpu_only_node():
     # TensorFlow's SlurmClusterResolver needs nvidia-smi / a GPU count (tensorflow#56894).
-    resolver = clusters.slurm_resolver(dict(SLURM_2x2, SLURM_PROCID="2"), num_gpus=0)
+    resolver = distribute.slurm_resolver(dict(SLURM_2x2, SLURM_PROCID="2"), num_gpus=0)
     assert resolver.cluster_spec().as_dict() == {
         "worker": ["gpu07:8888", "gpu07:8889", "gpu08:8888", "gpu08:8889"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 2)
@@ -47,7 +51,7 @@ def test_slurm_resolver_on_a_cpu_only_node():
 ])
 def test_slurm_bad_environment_is_a_clear_error(env, message):
     with pytest.raises(errors.ConfigError, match=re.escape(message)):
-        clusters.slurm_cluster(env)
+        cluster_env.slurm_cluster(env)
 
 
 SBATCH = f"{REPO}/experiments/slurm/train.sbatch"
@@ -71,7 +75,7 @@ def assert_config_loads(path):
     assert os.path.isfile(f"{REPO}/{path}"), path
     config = runpy.run_path(f"{REPO}/{path}")["get_config"]()
     assert {"data", "model", "train"} <= set(config.keys()), (path, sorted(config.keys()))
-    train_lib.validate(config, num_replicas=1)  # Names and numbers the binary accepts.
+    training.validate(config, num_replicas=1)  # Names and numbers the binary accepts.
 
 
 def sbatch_srun_args(tmp_path, *args, **env):
@@ -118,7 +122,7 @@ def test_sbatch_runs_a_dtensor_mesh_when_asked(tmp_path):
 
 
 def test_kubernetes_manifest_gives_each_pod_its_tf_config():
-    manifest = clusters.kubernetes_manifest("gan", 3, "img:1", ["python", "-m", "x"],
+    manifest = kubernetes.kubernetes_manifest("gan", 3, "img:1", ["python", "-m", "x"],
                                             gpus_per_worker=2, volume_claim="runs")
     service, *pods = manifest["items"]
     assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"

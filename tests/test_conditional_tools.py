@@ -54,7 +54,8 @@ def test_sampling_by_class_truncation_and_ema(run, tmp_path):
     assert c3.shape == (6, 8, 8, 1)
     assert np.abs(c3 - c4).max() > 1e-4  # The label reaches the images.
     # Sampling is in-process what the tool wrote: the EMA generator with label 3.
-    from tf_gan_scale import gan, latents, sampling
+    from tf_gan_scale import gan, latents
+    from tf_gan_scale.artifacts import sampling
     generator, latent_dim, step, _ = sampling.load_generator(run)
     assert generator.num_classes == 10 and step == 4
     want = gan.generate(generator, latents.fixed(0, 6, latent_dim), labels=np.full(6, 3))

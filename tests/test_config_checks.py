@@ -1,11 +1,12 @@
-"""train_lib.validate: every numeric config key, checked before anything is read or written."""
+"""training.validate: every numeric config key, checked before anything is read or written."""
 
 import math
 
 import ml_collections
 import pytest
 
-from tf_gan_scale import configs, errors, train_lib
+from tf_gan_scale import configs, errors
+from tf_gan_scale import training
 
 
 def mlp_config():
@@ -45,7 +46,7 @@ def test_bad_number_names_key_value_and_range(key, value, valid):
         node = node[part]
     node[name] = value
     with pytest.raises(errors.ConfigError) as e:
-        train_lib.validate(config, 1)
+        training.validate(config, 1)
     message = str(e.value)
     assert message == f"config.{key} must be {valid}; Received: {value!r}"
     assert "\n" not in message
@@ -55,16 +56,16 @@ def test_bad_number_names_key_value_and_range(key, value, valid):
 def test_zero_means_only_at_the_end(key):
     config = configs.base()
     config.train[key] = 0
-    train_lib.validate(config, 1)  # Allowed: the periodic writes are off.
+    training.validate(config, 1)  # Allowed: the periodic writes are off.
 
 
 def test_defaults_and_edges_are_valid():
     for config in (configs.base(), mlp_config()):
-        train_lib.validate(config, 1)
+        training.validate(config, 1)
     config = configs.base()
     config.model.d_dropout, config.train.penalty_weight = 0.0, 0.0
     config.train.num_steps = config.train.log_every = 1
-    train_lib.validate(config, 1)
+    training.validate(config, 1)
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -84,8 +85,8 @@ def test_auto_steps_per_execution_divides_every_interval(overrides, expected):
     for key, value in overrides.items():
         section, leaf = key.split(".")
         config[section][leaf] = value
-    assert train_lib.steps_per_execution(config) == expected
-    k = train_lib.steps_per_execution(config)
+    assert training.steps_per_execution(config) == expected
+    k = training.steps_per_execution(config)
     if not config.train.steps_per_execution:
         t = config.train
         for every in (t.num_steps, t.log_every, t.sample_every, t.checkpoint_every,
@@ -97,6 +98,6 @@ def test_auto_steps_per_execution_divides_the_resume_step():
     config = configs.base()
     config.train.num_steps, config.train.log_every = 10, 5
     config.train.sample_every = config.train.checkpoint_every = 5
-    assert train_lib.steps_per_execution(config) == 5
-    assert train_lib.steps_per_execution(config, start=6) == 1  # 6 -> 10 in steps of 1.
-    assert train_lib.steps_per_execution(config, start=5) == 5
+    assert training.steps_per_execution(config) == 5
+    assert training.steps_per_execution(config, start=6) == 1  # 6 -> 10 in steps of 1.
+    assert training.steps_per_execution(config, start=5) == 5

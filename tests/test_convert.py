@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import architectures, convert, data, distribute, gan
+from tf_gan_scale import architectures, data, distribute, gan
+from tf_gan_scale.layers import convert
 
 L = keras.layers
 LATENT = 8

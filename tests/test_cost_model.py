@@ -11,7 +11,9 @@ import keras
 import pytest
 
 from conftest import REPO, run_cmd, run_in_process
-from tf_gan_scale import architectures, cost_model, data, train_lib
+from tf_gan_scale import architectures, data
+from tf_gan_scale.distribute import cost_model
+from tf_gan_scale import training
 from tf_gan_scale.layers import SyncBatchNormalization
 
 
@@ -100,7 +102,7 @@ def test_tool_prints_the_table(run):
     shape = data.load(config.data.source).shape
     g, d = architectures.build(config.model.name, data_shape=shape,
                                latent_dim=config.model.latent_dim,
-                               **train_lib.model_options(config))
+                               **training.model_options(config))
     g_flops = cost_model.forward_flops(g, [config.model.latent_dim])
     d_flops = cost_model.forward_flops(d, list(shape))
     assert g_flops >= 2 * (g_params - (3 * 256 + 2))  # At least 2 per kernel entry.

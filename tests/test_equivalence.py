@@ -202,7 +202,7 @@ def test_accumulation_equals_one_big_batch(runs, topology):
     run = runs[topology]
     assert max_relative_diff(section(run, "accumulate"), section(run, "no_bn")) <= TOL
     # With batch norm the statistics are per micro-batch: a different, documented
-    # computation (gan._micro_batches), equal across topologies (SGD_CASES) but not to
+    # computation (GanStep.micro_batches), equal across topologies (SGD_CASES) but not to
     # the unaccumulated run.
     assert max_relative_diff(section(run, "accumulate_bn"), section(run, "sgd")) > 1e3 * TOL
 

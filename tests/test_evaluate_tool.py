@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, TINY, run_cmd, run_cmds, run_in_process
-from tf_gan_scale import evaluation
+from tf_gan_scale.metrics import scoring
 
 METRICS = "fid,kid,is,pr"
 N = 40
@@ -64,7 +64,7 @@ def evaluate(workdir, extractor, cache, *extra, launcher=None):
     assert len(lines) == 1, proc.stdout
     scores = json.loads(lines[0])
     # The same scores on one line of stderr, each with the extractor that computed it.
-    summary = f"step {scores['step']}: {evaluation.format_scores(scores)}"
+    summary = f"step {scores['step']}: {scoring.format_scores(scores)}"
     assert summary in proc.stderr.splitlines(), proc.stderr[-2000:]
     assert summary.endswith(f" [extractor keras:{extractor}, {N} samples]"), summary
     return scores

@@ -7,7 +7,8 @@ import runpy
 import pytest
 
 from conftest import REPO
-from tf_gan_scale import architectures, configs, train_lib
+from tf_gan_scale import architectures, configs
+from tf_gan_scale import training
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.py")))
 SHAPES = {"embedded:digits": (8, 8, 1), "tfds:mnist": (28, 28, 1), "toy:grid25": (2,),
@@ -19,13 +20,13 @@ def test_config(path):
     module = runpy.run_path(path)
     assert "python -m tf_gan_scale.main --config=experiments/" in module["__doc__"]
     config = module["get_config"]()
-    train_lib.validate(config, num_replicas=1)
+    training.validate(config, num_replicas=1)
     if config.model.name == "biggan" and config.data.source.startswith("tfds:imagenet"):
         return  # 158M parameters: built with tiny widths in tests/test_recipes.py.
-    classes = train_lib.num_classes(config, 10)
+    classes = training.num_classes(config, 10)
     g, d = architectures.build(config.model.name, data_shape=SHAPES[config.data.source],
                                latent_dim=config.model.latent_dim, num_classes=classes,
-                               **train_lib.model_options(config))
+                               **training.model_options(config))
     assert g.output_shape[1:] == SHAPES[config.data.source]
     assert (len(g.inputs) == 2) == bool(config.model.get("conditional", False))
 
@@ -46,7 +47,7 @@ def test_batch_norm_is_cross_replica_by_default(mirrored2):
     config.model.g_channels, config.model.d_channels = (32, 16, 8), (8, 16)
     config.model.d_norm = "batch"  # D's batch norm too (the dcgan default has none).
     with mirrored2.scope():
-        model = train_lib.build_gan(config, SHAPES["embedded:digits"])
+        model = training.build_gan(config, SHAPES["embedded:digits"])
     bn = [(net.name, layer.name, getattr(layer, "synchronized", False))
           for net in (model.generator, model.discriminator)
           for layer in net._flatten_layers(include_self=False, recursive=True)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import TINY_RUN_STEPS, run_cmd, run_in_process
-from tf_gan_scale import errors, export, latents
+from tf_gan_scale import errors, latents
+from tf_gan_scale.artifacts import export
 
 # Loads the SavedModel in a process where importing tf_gan_scale (or any more of Keras
 # than TensorFlow itself imports) fails, serves the latents of argv[2] (TF2 and TF1

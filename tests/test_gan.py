@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from conftest import shared
 from tf_gan_scale import architectures, data, gan, latents, replica
+from tf_gan_scale.gan.step import ortho_weights
 from tf_gan_scale.layers import ReplicaDropout
 
 LATENT = 8
@@ -218,7 +219,7 @@ def test_loss_scale_overflow_check_sees_an_inf_on_any_replica(mirrored2):
         def replica_fn():
             rid = tf.distribute.get_replica_context().replica_id_in_sync_group
             g = tf.where(tf.logical_and(bad, rid == 1), np.inf, 8.0) * tf.ones([2])
-            gan.apply_global_gradients(opt, [g], [var])
+            replica.apply_global_gradients(opt, [g], [var])
         mirrored2.run(replica_fn)
 
     step(tf.constant(True))
@@ -232,7 +233,7 @@ def test_loss_scale_overflow_check_sees_an_inf_on_any_replica(mirrored2):
 
 def test_preemption_callback_gives_sigterm_back_after_training(one_device, tmp_path):
     import signal
-    from tf_gan_scale import callbacks
+    from tf_gan_scale.training import callbacks
     model = make(one_device)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(**model.checkpoint_items()),
                                          str(tmp_path), 1)
@@ -289,7 +290,7 @@ def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
     # _g_grads back-propagates D's stage to d loss / d fake, then G's (so a placement can
     # run each on its device): it must be the gradient of one tape over G, D and the
     # orthogonal regularizer. Dropout on in D, batch norm in both.
-    from tf_gan_scale import regularizers
+    from tf_gan_scale.gan import regularizers
     keras.utils.set_random_seed(0)
     g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
                                d_dropout=0.3, d_norm="batch", g_channels=(16, 8, 4),
@@ -299,16 +300,16 @@ def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
                   ortho_weight=ortho_weight)
     rows, step = tf.range(GB), tf.constant(3, tf.int64)
     state = [w.numpy() for w in model.generator.weights + model.discriminator.weights]
-    grads, share = model._g_grads(rows, GB, step)
+    grads, share = model.gan_step.g_grads(rows, GB, step)
     for w, value in zip(model.generator.weights + model.discriminator.weights, state):
         w.assign(value)  # The same BN statistics and dropout counters again.
     z = latents.rows_normal(latents.key(model.seed, step, latents.G_PHASE), rows, [LATENT])
     with tf.GradientTape() as tape:
         fake = gan.call_generator(model.generator, z, training=True)
-        logits = model._discriminate(fake, None, training=True)
+        logits = model.gan_step.discriminate(fake, None, training=True)
         want = replica.global_mean(model.loss_fn(real_logits=logits, fake_logits=logits).g, GB)
         if ortho_weight:
-            want += ortho_weight * regularizers.orthogonal(gan._ortho_weights(model.generator))
+            want += ortho_weight * regularizers.orthogonal(ortho_weights(model.generator))
     expected = tape.gradient(want, model.generator.trainable_variables)
     np.testing.assert_allclose(float(share), float(want), rtol=1e-6)
     for got, ref in zip(grads, expected):
@@ -318,7 +319,7 @@ def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
 def test_the_own_step_is_traced_without_autograph_a_subclass_step_with_it(one_device,
                                                                            monkeypatch):
     # Autograph would change nothing in the step's graph (plain Python around ops) and
-    # converting its ~90 functions cost ~3.6 CPU-s per process (gan._unconverted_if_own).
+    # converting its ~90 functions cost ~3.6 CPU-s per process (gan.step_function.unconverted_if_own).
     from tensorflow.python.autograph.impl import api
     converted, convert = [], api._convert_actual
     monkeypatch.setattr(api, "_convert_actual", lambda entity, ctx: (
@@ -327,8 +328,9 @@ def test_the_own_step_is_traced_without_autograph_a_subclass_step_with_it(one_de
     # Of the step, only the loop's own wrapper (its `tf.range` loop needs autograph) is
     # converted (tf.data converts the input pipeline's map functions, as it always does).
     step = {name for name in converted if not name.startswith("tf_gan_scale.data.")}
-    assert step <= {"tf_gan_scale.gan:GAN.make_train_function.<locals>.compiled",
-                    "tf_gan_scale.gan:GAN.make_train_function.<locals>.one_step"}, converted
+    assert step <= {"tf_gan_scale.gan.step_function:make_train_function.<locals>.compiled",
+                    "tf_gan_scale.gan.step_function:make_train_function.<locals>.one_step"}, \
+        converted
 
     class Flagged(gan.GAN):
         def train_step(self, data):  # A Python `if` on a tensor: autograph's job.

@@ -15,7 +15,8 @@ import tensorflow as tf
 from conftest import run_cmd
 from group_bn_run import halves, run_bn
 from test_sync_batch_norm import all_reduces_per_pass, r1_of_bn
-from tf_gan_scale import configs, errors, train_lib
+from tf_gan_scale import configs, errors
+from tf_gan_scale import training
 from tf_gan_scale.layers import ConditionalBatchNormalization, SyncBatchNormalization
 from tf_gan_scale.layers.normalization import check_config, set_group_size
 from tf_gan_scale.layers.sync_batch_norm import check_group_size
@@ -153,14 +154,14 @@ def test_bad_group_sizes_are_one_line_config_errors(mirrored2):
     with pytest.raises(errors.ConfigError, match="under 2 replicas use group_size"):
         mirrored2.run(tf.function(lambda: layer(tf.ones([2, 4]), training=True),
                                   autograph=False))
-    # train_lib.validate: before any data is read or file written (exit 2 from main).
+    # training.validate: before any data is read or file written (exit 2 from main).
     config = configs.base()
     config.model.sync_bn_group_size = 3
     with pytest.raises(errors.ConfigError, match="sync_bn_group_size=3 does not divide"):
-        train_lib.validate(config, 4)
-    train_lib.validate(config, 2)  # 3 >= 2 replicas: full sync, valid.
+        training.validate(config, 4)
+    training.validate(config, 2)  # 3 >= 2 replicas: full sync, valid.
     config.model.sync_bn_group_size = 2
-    train_lib.validate(config, 4)
+    training.validate(config, 4)
 
 
 def test_get_config_round_trip_and_set_group_size():
@@ -196,7 +197,7 @@ def test_config_key_reaches_every_batch_norm_of_g_and_d(one_device):
     assert config.model.sync_bn_group_size == 0  # The default: all replicas.
     config.model.sync_bn_group_size = 2
     with one_device.scope():
-        model = train_lib.build_gan(config, (28, 28, 1))
+        model = training.build_gan(config, (28, 28, 1))
     sizes = [layer.group_size for net in (model.generator, model.discriminator)
              for layer in net._flatten_layers(recursive=True)
              if isinstance(layer, SyncBatchNormalization)]

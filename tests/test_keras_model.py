@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from conftest import run_cmd, shared
 from test_gan import LATENT, digits, samples
-from tf_gan_scale import architectures, data, errors, gan, latents, losses
+from tf_gan_scale import architectures, data, errors, gan, latents
+from tf_gan_scale.gan import losses
 
 N_HELD_OUT = 37  # 16 + 16 + 5: a last batch that splits 3 / 2 over 2 replicas.
 
@@ -35,7 +36,7 @@ def test_shared_resets_everything_a_step_reads(strategy):
         np.testing.assert_array_equal(a, b)
 
 
-def make(strategy, *, dropout=0.3):
+def make(strategy, *, dropout=0.3, d_steps=2):
     """A GAN with settings unlike every default: Adam with its own betas, hinge loss,
     R1, d_steps=2, seed 7, dropout and batch norm in D."""
     keras.utils.set_random_seed(0)
@@ -46,7 +47,7 @@ def make(strategy, *, dropout=0.3):
         model = gan.GAN(g, d, LATENT, seed=7)
         model.compile(g_optimizer=keras.optimizers.Adam(2e-3, beta_1=0.3),
                       d_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.4, beta_2=0.9),
-                      loss="hinge", d_steps=2, penalty="r1", penalty_weight=0.5)
+                      loss="hinge", d_steps=d_steps, penalty="r1", penalty_weight=0.5)
     return model
 
 
@@ -233,8 +234,8 @@ def test_without_the_pre_step_check_the_global_verdict_still_stops_fit(mirrored2
                                                                       monkeypatch):
     # As across workers, where the per-worker check is off: the row counts summed in the
     # step's all-reduces give every replica the verdict, raised before any callback.
-    from tf_gan_scale import gan_checks
-    monkeypatch.setattr(gan_checks, "assert_even_split", lambda strategy, batches: [])
+    from tf_gan_scale.gan import checks
+    monkeypatch.setattr(checks, "assert_even_split", lambda strategy, batches: [])
     model = make(mirrored2)
     dataset = data.make_dataset(data.load("embedded:digits"), global_batch_size=15, seed=0)
     with pytest.raises(errors.UnevenBatchError, match="in generator step 1 .its update used"):
@@ -246,8 +247,7 @@ def test_uneven_rows_across_workers_are_caught_after_the_step(mirrored2):
     # Within one worker the pre-step check sees every replica; across workers only the
     # row count summed in the gradient all-reduce does. Feed train_step 8 and 7 rows
     # directly, past the pre-step check, as two workers would.
-    model = make(mirrored2, dropout=0.0)
-    model.d_steps = 1
+    model = make(mirrored2, dropout=0.0, d_steps=1)
     x = tf.constant(held_out()[:16])
     batch = mirrored2.experimental_distribute_values_from_function(
         lambda ctx: x[:8] if ctx.replica_id_in_sync_group == 0 else x[8:15])

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import REPO, run_in_process
-from tf_gan_scale import launch
+from tf_gan_scale.cluster import launch
 
 LAUNCH = [sys.executable, "tools/launch_local.py"]
 

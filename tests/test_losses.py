@@ -3,7 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from tf_gan_scale import errors, losses
+from tf_gan_scale import errors
+from tf_gan_scale.gan import losses
 
 REAL = np.array([2.0, -1.0, 0.0], np.float32)
 FAKE = np.array([-0.5, 1.5, 0.0], np.float32)

@@ -13,7 +13,9 @@ import pytest
 
 from conftest import TINY, run_cmd, run_in_process
 from mw_helpers import ENV, Launcher, assert_same_checkpoint, checkpoint_arrays
-from tf_gan_scale import errors, launch
+from tf_gan_scale import errors
+from tf_gan_scale.cluster import env as cluster_env
+from tf_gan_scale.cluster import launch
 from tf_gan_scale.parallel import mesh as mesh_lib
 
 HOSTS = ["10.0.0.1:8888", "10.0.0.2:8888"]
@@ -26,28 +28,28 @@ def dtensor_env(cid, hosts=HOSTS):
 
 def test_clients_from_tf_config():
     cfg = {"cluster": {"worker": HOSTS}, "task": {"type": "worker", "index": 1}}
-    assert mesh_lib.client_env_from({"TF_CONFIG": json.dumps(cfg)}) == dtensor_env(1)
+    assert cluster_env.client_env_from({"TF_CONFIG": json.dumps(cfg)}) == dtensor_env(1)
     # A chief comes first: it is client 0, the workers follow in order.
     cfg = {"cluster": {"chief": ["c:1"], "worker": HOSTS}, "task": {"type": "worker", "index": 0}}
-    assert mesh_lib.client_env_from({"TF_CONFIG": json.dumps(cfg)}) == dtensor_env(
+    assert cluster_env.client_env_from({"TF_CONFIG": json.dumps(cfg)}) == dtensor_env(
         1, ["c:1", *HOSTS])
     # One task, or no cluster at all: one process, nothing to join.
     one = {"cluster": {"worker": HOSTS[:1]}, "task": {"type": "worker", "index": 0}}
-    assert mesh_lib.client_env_from({"TF_CONFIG": json.dumps(one)}) == {}
-    assert mesh_lib.client_env_from({}) == {}
+    assert cluster_env.client_env_from({"TF_CONFIG": json.dumps(one)}) == {}
+    assert cluster_env.client_env_from({}) == {}
 
 
 def test_clients_from_a_slurm_step():
     env = {"SLURM_PROCID": "3", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
            "SLURM_STEP_NODELIST": "node[01-02]", "TF_GAN_SCALE_PORT": "9000"}
-    assert mesh_lib.client_env_from(env) == dtensor_env(
+    assert cluster_env.client_env_from(env) == dtensor_env(
         3, ["node01:9000", "node01:9001", "node02:9000", "node02:9001"])
 
 
 def test_dtensor_variables_win_and_are_checked():
     cfg = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}
     env = {**dtensor_env(1), "TF_CONFIG": json.dumps(cfg)}
-    assert mesh_lib.client_env_from(env) == {}  # Already set: kept as they are.
+    assert cluster_env.client_env_from(env) == {}  # Already set: kept as they are.
     # None: unset. DTensor itself takes a missing client id for 0: two chiefs.
     for bad in ({"DTENSOR_CLIENT_ID": "2"}, {"DTENSOR_NUM_CLIENTS": "3"},
                 {"DTENSOR_CLIENT_ID": "one"}, {"DTENSOR_JOBS": "10.0.0.1,10.0.0.2"},
@@ -55,9 +57,9 @@ def test_dtensor_variables_win_and_are_checked():
         env = {k: v for k, v in {**dtensor_env(1), **bad}.items() if v is not None}
         with pytest.raises(errors.ConfigError, match="bad DTensor cluster: DTENSOR_JOBS=.*"
                                                      "valid: DTENSOR_JOBS=host:port"):
-            mesh_lib.client_env_from(env)
+            cluster_env.client_env_from(env)
     one = {"DTENSOR_JOBS": "localhost:1"}  # One client: its id may be left out.
-    assert mesh_lib.client_env_from(one) == {}
+    assert cluster_env.client_env_from(one) == {}
 
 
 def test_launcher_starts_dtensor_clients():
@@ -222,7 +224,7 @@ def test_every_client_refreshes_g_and_saves_at_the_same_steps(tmp_path, monkeypa
     write its part of each checkpoint at the chief's steps, recording none."""
     import tensorflow as tf
     from tf_gan_scale import configs, data
-    from tf_gan_scale.parallel import training
+    from tf_gan_scale.training import mesh_runner
     config = configs.base()
     config.train.num_steps, config.train.sample_every, config.train.checkpoint_every = 10, 5, 5
     config.eval.every, config.eval.best = 7, ""
@@ -236,8 +238,8 @@ def test_every_client_refreshes_g_and_saves_at_the_same_steps(tmp_path, monkeypa
         return {"fid": 1.0, "extractor": "test", "num_samples": 2}
 
     checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
-    cbs = training.callbacks_for(config, data.load(config.data.source), None, checkpoint,
-                                 str(tmp_path), 0, 0, score)
+    cbs = mesh_runner.callbacks_for(config, data.load(config.data.source), None, checkpoint,
+                                    str(tmp_path), 0, 0, score)
     for cb in cbs:
         cb.set_model(view)
     for cb in cbs:

@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 from tf_gan_scale import architectures, errors
+from tf_gan_scale.cluster import mesh_spec
 from tf_gan_scale.parallel import layouts, mesh as mesh_lib
+from tf_gan_scale.parallel import tensors
 
 MODEL2 = {"batch": 1, "model": 2}
 
@@ -38,7 +40,7 @@ def biggan_conditional():
     ("model:2,batch:3", {"batch": 3, "model": 2}),
 ])
 def test_parse(spec, dims):
-    assert mesh_lib.parse(spec) == dims
+    assert mesh_spec.parse(spec) == dims
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -50,7 +52,7 @@ def test_parse(spec, dims):
 ])
 def test_parse_errors_name_the_part_and_the_form(spec, message):
     with pytest.raises(errors.ConfigError, match=message) as info:
-        mesh_lib.parse(spec)
+        mesh_spec.parse(spec)
     assert "valid: batch:B,model:M" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -59,7 +61,7 @@ def test_a_mesh_must_use_every_device():
                        match=r"batch:2,model:2 needs 4 devices, the run has 2 CPU; meshes "
                              r"that fit: batch:2,model:1, batch:1,model:2$"):
         mesh_lib.make({"batch": 2, "model": 2}, "CPU")
-    assert mesh_lib.fitting(6) == ["batch:6,model:1", "batch:3,model:2", "batch:2,model:3",
+    assert mesh_spec.fitting(6) == ["batch:6,model:1", "batch:3,model:2", "batch:2,model:3",
                                    "batch:1,model:6"]
 
 
@@ -174,15 +176,15 @@ def test_split_convolutions_compute_what_keras_does(model_mesh, monkeypatch):
     plan = layouts.plan((g, d), MODEL2)
     layouts.shard((g, d), model_mesh, plan)
     convt = next(w for w in g.weights if w.shape == (5, 5, 6, 8))
-    assert layouts.local_shapes(convt) == [(5, 5, 3, 8)] * 2  # Half the output channels.
+    assert tensors.local_shapes(convt) == [(5, 5, 3, 8)] * 2  # Half the output channels.
     z = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
     rep = dtensor.Layout.replicated(model_mesh, 2)
     out = tf.function(lambda x: g(x, training=False))(dtensor.copy_to_mesh(tf.constant(z), rep))
     want = plain_g(z, training=False).numpy()
-    np.testing.assert_allclose(layouts.gather(out), want, atol=1e-6)
-    x = layouts.to_mesh(want, model_mesh, ("batch", None, None, None))
+    np.testing.assert_allclose(tensors.gather(out), want, atol=1e-6)
+    x = tensors.to_mesh(want, model_mesh, ("batch", None, None, None))
     logits = tf.function(lambda x: d(x, training=False))(x)
-    np.testing.assert_allclose(layouts.gather(logits), plain_d(want, training=False).numpy(),
+    np.testing.assert_allclose(tensors.gather(logits), plain_d(want, training=False).numpy(),
                                atol=1e-6)
 
 
@@ -193,13 +195,13 @@ def test_each_device_holds_its_share_of_a_sharded_weight(model_mesh):
     layouts.shard((g, d), model_mesh, plan)
     for net in (g, d):
         for w in net.weights:
-            np.testing.assert_array_equal(layouts.gather(w), before[w.path])
-            pieces = layouts.local_shapes(w)
+            np.testing.assert_array_equal(tensors.gather(w), before[w.path])
+            pieces = tensors.local_shapes(w)
             assert len(pieces) == 2
             spec = plan[layouts.weight_path(net, w)]
             expected = tuple(n // 2 if axis else n for n, axis in zip(w.shape, spec))
             assert all(p == expected for p in pieces), (w.path, pieces)
-    assert layouts.local_shapes(g.weights[0]) == [(6, 16), (6, 16)]  # Half of [6, 32] each.
+    assert tensors.local_shapes(g.weights[0]) == [(6, 16), (6, 16)]  # Half of [6, 32] each.
 
 
 def test_sharded_generator_computes_what_the_plain_one_does(model_mesh):
@@ -211,7 +213,7 @@ def test_sharded_generator_computes_what_the_plain_one_does(model_mesh):
     z = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
     z_mesh = dtensor.copy_to_mesh(tf.constant(z), dtensor.Layout.replicated(model_mesh, 2))
     out = tf.function(lambda x: g(x, training=False))(z_mesh)
-    np.testing.assert_allclose(layouts.gather(out), plain(z, training=False).numpy(),
+    np.testing.assert_allclose(tensors.gather(out), plain(z, training=False).numpy(),
                                atol=1e-6)
 
 
@@ -225,9 +227,9 @@ def test_checkpoints_move_between_sharded_and_plain_weights(tmp_path, model_mesh
     path = tf.train.Checkpoint(g=source).write(str(tmp_path / "ckpt"))
     tf.train.Checkpoint(g=target).read(path).assert_consumed()
     for w, want in zip(target.weights, expected):
-        np.testing.assert_array_equal(layouts.gather(w), want)
+        np.testing.assert_array_equal(tensors.gather(w), want)
     if direction == "plain_to_sharded":
-        assert layouts.local_shapes(target.weights[0]) == [(6, 16), (6, 16)]  # Still split.
+        assert tensors.local_shapes(target.weights[0]) == [(6, 16), (6, 16)]  # Still split.
 
 
 @pytest.mark.parametrize("transposed", [False, True])

@@ -14,7 +14,8 @@ import tensorflow as tf
 
 from conftest import REPO, run_cmd, run_cmds, run_in_process
 from mw_helpers import assert_same_checkpoint, checkpoint_arrays
-from tf_gan_scale import data, errors, train_lib
+from tf_gan_scale import data, errors
+from tf_gan_scale import training
 from tf_gan_scale.parallel import placement
 
 SGD = ["--config=tests/sgd_config.py", "--config.train.steps_per_execution=1",
@@ -53,7 +54,7 @@ def test_each_network_its_device_forward_and_backward():
     config.train.g_optimizer.name = config.train.d_optimizer.name = "adam"
     config.train.ema.decay = 0.9
     source = data.load(config.data.source)
-    gan = train_lib.build_gan(config, source.shape, 0, "g:1,d:0")
+    gan = training.build_gan(config, source.shape, 0, "g:1,d:0")
 
     def devices(variables):
         return {v._value.device.rsplit("/", 1)[-1] for v in variables}
@@ -135,8 +136,8 @@ def test_placement_in_process_equals_one_device():
     """The in-process twin of the binary test (2 micro-batches, 3 steps): placed == not."""
     config = sgd_config()
     source = data.load(config.data.source)
-    placed = train_lib.build_gan(config, source.shape, 0, "g:0,d:1")
-    plain = train_lib.build_gan(config, source.shape, 0)
+    placed = training.build_gan(config, source.shape, 0, "g:0,d:1")
+    plain = training.build_gan(config, source.shape, 0)
     batches = iter(data.make_dataset(source, global_batch_size=32, seed=0))
     steps = [tf.function(g.train_step) for g in (placed, plain)]
     for _ in range(3):

@@ -73,9 +73,9 @@ def test_d_and_g_in_one_function_trains_g_on_stale_weights():
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"accumulation_steps": 2}, "accumulation_steps"),
-    ({"penalty": "r1", "penalty_weight": 1.0}, "penalty"),
-    ({"lecam_weight": 0.1}, "lecam_weight"),
+    ({"accumulation_steps": 2}, "config.train.accumulation_steps=2"),
+    ({"penalty": "r1", "penalty_weight": 1.0}, "config.train.penalty='r1'"),
+    ({"lecam_weight": 0.1}, "config.train.lecam_weight=0.1"),
 ])
 def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
     import keras
@@ -118,6 +118,7 @@ def test_adam_moments_are_split_like_their_weights():
 
     from tf_gan_scale import architectures, gan as gan_lib
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    from tf_gan_scale.parallel import tensors
     g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=6,
                                g_channels=(8, 6, 4), d_channels=(4, 6))
     model = gan_lib.GAN(g, d, latent_dim=6)
@@ -127,10 +128,10 @@ def test_adam_moments_are_split_like_their_weights():
     trainer = step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), plan)
     kernel = [w for w in g.trainable_variables if len(w.shape) == 2][0]  # [6, 32], split.
     m, v = trainer.g_opt.slots[g.trainable_variables.index(kernel)]
-    assert layouts.local_shapes(kernel) == [(6, 16), (6, 16)]
+    assert tensors.local_shapes(kernel) == [(6, 16), (6, 16)]
     # The Keras optimizer's own slots (what its checkpoint holds), split like the kernel.
     assert m is model.g_optimizer._momentums[g.trainable_variables.index(kernel)]
-    assert layouts.local_shapes(m) == layouts.local_shapes(v) == [(6, 16), (6, 16)]
+    assert tensors.local_shapes(m) == tensors.local_shapes(v) == [(6, 16), (6, 16)]
     counter = model.g_optimizer.iterations._value.read_value()  # Replicated on the mesh.
     assert dtensor.fetch_layout(counter).mesh == trainer.mesh
     assert dtensor.fetch_layout(counter).is_fully_replicated()

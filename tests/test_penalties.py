@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import errors, penalties
+from tf_gan_scale import errors
+from tf_gan_scale.gan import penalties
 
 
 def linear_critic(w):

@@ -12,7 +12,8 @@ import tensorflow as tf
 from PIL import Image
 
 from conftest import run_cmd, run_in_process
-from tf_gan_scale import errors, plot
+from tf_gan_scale import errors
+from tf_gan_scale.artifacts import plot
 
 # float32-exact values: what a scalar summary stores is what read_scalars must return.
 D_LOSS = {3: 0.5, 7: 1.25, 20: -2.0}

@@ -11,7 +11,8 @@ import tensorflow as tf
 from conftest import TINY, run_cmd, run_in_process
 from test_architectures import SHAPES, SMALL
 
-from tf_gan_scale import architectures, configs, data, errors, gan, precision, train_lib
+from tf_gan_scale import architectures, configs, data, errors, gan, precision
+from tf_gan_scale import training
 
 
 @pytest.mark.parametrize("name,conditional", [(n, c) for n in sorted(SHAPES)
@@ -124,11 +125,11 @@ def test_xla_step_trains_what_the_plain_step_trains(one_device):
     for model in models.values():
         model.fit(_digits(one_device), epochs=1, steps_per_epoch=3, verbose=0)
     # The step really went through XLA: its per-replica function must be compiled.
-    graph = models[True]._step_function.get_concrete_function(
+    graph = models[True].step_function.get_concrete_function(
         iter(_digits(one_device))).graph
     library = graph.as_graph_def().library.function
     assert any(f.attr["_XlaMustCompile"].b for f in library)
-    assert not any(f.attr["_XlaMustCompile"].b for f in models[False]._step_function
+    assert not any(f.attr["_XlaMustCompile"].b for f in models[False].step_function
                    .get_concrete_function(iter(_digits(one_device))).graph.as_graph_def()
                    .library.function)
     for a, b in zip(models[True].generator.weights, models[False].generator.weights):
@@ -213,7 +214,7 @@ def test_bad_throughput_settings_are_one_line_errors(key, value, message):
     config = configs.base()
     config.train[key] = value
     with pytest.raises(errors.ConfigError) as e:
-        train_lib.validate(config, 2)
+        training.validate(config, 2)
     assert str(e.value) == message
 
 
@@ -247,5 +248,5 @@ def test_binary_trains_mixed_bfloat16_with_accumulation(tmp_path):
                     "--config.train.checkpoint_every=2", "--config.train.sample_every=0"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.exists(workdir / "checkpoints" / "ckpt-4.index")
-    config, shape, _ = train_lib.load_run(str(workdir))
+    config, shape, _ = training.load_run(str(workdir))
     assert config.train.precision == "mixed_bfloat16" and config.train.accumulation_steps == 2

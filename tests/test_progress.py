@@ -6,7 +6,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import callbacks
+from tf_gan_scale.training import callbacks
 
 
 def shown(capsys, start, num_steps, every, steps):

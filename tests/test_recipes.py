@@ -9,7 +9,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import REPO
-from tf_gan_scale import sampling, train_lib
+from tf_gan_scale import training
+from tf_gan_scale.artifacts import sampling
+from tf_gan_scale.training import build
 
 # Widths shrunk so a step takes well under a second; everything else is the recipe's.
 TINY = {
@@ -42,7 +44,7 @@ def test_recipe_trains_two_steps(name, one_device, tmp_path, monkeypatch):
         config.train.ema.start = 1  # Must be before the (shortened) end.
     workdir = str(tmp_path / "run")
     initial = {}  # Each network's trainable weights as built, before any step.
-    build_gan = train_lib.build_gan
+    build_gan = build.build_gan
 
     def recording_build_gan(*args, **kwargs):
         gan = build_gan(*args, **kwargs)
@@ -50,9 +52,9 @@ def test_recipe_trains_two_steps(name, one_device, tmp_path, monkeypatch):
             initial[key] = [w.numpy() for w in net.trainable_weights]
         return gan
 
-    monkeypatch.setattr(train_lib, "build_gan", recording_build_gan)
+    monkeypatch.setattr(build, "build_gan", recording_build_gan)
     with tfds.testing.mock_data(num_examples=16):
-        model = train_lib.run(config, workdir, one_device, verbose=0)
+        model = training.run(config, workdir, one_device, verbose=0)
     assert int(model.step.numpy()) == 2
     # Both networks trained: their weights moved from the initial ones, and are finite.
     for key, net in (("g", model.generator), ("d", model.discriminator)):
@@ -84,4 +86,4 @@ def test_imagenet_recipe_is_the_papers_setting():
     assert c.train.global_batch_size == 2048 and c.train.d_steps == 2
     assert (c.train.g_optimizer.learning_rate, c.train.d_optimizer.learning_rate) == (1e-4, 4e-4)
     assert c.train.ortho_weight == 1e-4 and c.train.ema.decay == 0.9999
-    train_lib.validate(c, num_replicas=8)
+    training.validate(c, num_replicas=8)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_gan_scale import regularizers
+from tf_gan_scale.gan import regularizers
 
 
 def biggan_ortho_grad(kernel):

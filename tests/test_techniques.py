@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 
 from test_gan import GB, LATENT, digits, fit  # noqa: F401  (tests/ is on sys.path)
-from tf_gan_scale import (architectures, configs, data, ema, errors, gan, latents, losses,
-                          regularizers, schedules, train_lib)
+from tf_gan_scale import architectures, configs, data, errors, gan, latents, schedules, training
+from tf_gan_scale.gan import ema, losses, regularizers
+from tf_gan_scale.gan.step import ortho_weights
 
 
 def networks(d_norm="batch"):
@@ -129,7 +130,7 @@ def test_schedule_counts_each_optimizers_own_updates(one_device):
     c.train.num_steps, c.train.d_steps = 10, 2
     c.train.lr_decay, c.train.lr_warmup_steps = "linear", 2
     with one_device.scope():
-        model = train_lib.build_gan(c, (8, 8, 1))
+        model = training.build_gan(c, (8, 8, 1))
     g, d = model.g_optimizer, model.d_optimizer
     g.iterations.assign(6)
     d.iterations.assign(12)
@@ -157,14 +158,14 @@ def test_instance_noise_is_per_example_and_annealed(one_device):
     model = make(one_device, instance_noise=0.5, instance_noise_steps=10)
     x = tf.zeros([6, 8, 8, 1])
     rows = tf.range(6)
-    at0 = model._d_inputs(x, rows, 0, 0).numpy()
+    at0 = model.gan_step.d_inputs(x, rows, 0, 0).numpy()
     assert abs(at0.std() - 0.5) < 0.05
     # Half-way the std has halved (same draws if the key were the same: check scale).
-    assert abs(model._d_inputs(x, rows, 5, 0).numpy().std() - 0.25) < 0.03
-    np.testing.assert_array_equal(model._d_inputs(x, rows, 10, 0).numpy(), 0.0)
+    assert abs(model.gan_step.d_inputs(x, rows, 5, 0).numpy().std() - 0.25) < 0.03
+    np.testing.assert_array_equal(model.gan_step.d_inputs(x, rows, 10, 0).numpy(), 0.0)
     # Row r's noise depends on (step, phase, r) only: a replica holding rows 3..5 agrees.
-    np.testing.assert_array_equal(model._d_inputs(x[3:], rows[3:], 0, 0).numpy(), at0[3:])
-    assert np.abs(model._d_inputs(x, rows, 0, 1).numpy() - at0).max() > 0.1  # Other phase.
+    np.testing.assert_array_equal(model.gan_step.d_inputs(x[3:], rows[3:], 0, 0).numpy(), at0[3:])
+    assert np.abs(model.gan_step.d_inputs(x, rows, 0, 1).numpy() - at0).max() > 0.1  # Other phase.
 
 
 # ---- LeCam -------------------------------------------------------------------------------
@@ -317,12 +318,12 @@ def test_conditional_config_needs_labels_and_a_conditional_architecture():
     c = configs.base()
     c.model.conditional = True
     with pytest.raises(errors.ConfigError, match="architecture 'dcgan' is unconditional"):
-        train_lib.validate(c, 1)
+        training.validate(c, 1)
     with pytest.raises(errors.ConfigError, match="needs labelled data"):
-        train_lib.num_classes(c, 1)
-    assert train_lib.num_classes(c, 10) == 10
+        training.num_classes(c, 1)
+    assert training.num_classes(c, 10) == 10
     c.model.conditional = False
-    assert train_lib.num_classes(c, 10) == 0
+    assert training.num_classes(c, 10) == 0
 
 
 # ---- the techniques inside the step (not only their functions) ---------------------------
@@ -342,8 +343,8 @@ def test_label_smoothing_reaches_the_d_loss_of_a_step(one_device):
 def test_d_inputs_are_augmented_in_both_updates(one_device, monkeypatch):
     model = make(one_device, augment="translation", instance_noise=0.1)
     phases = []
-    original = model._d_inputs
-    monkeypatch.setattr(model, "_d_inputs",
+    original = model.gan_step.d_inputs
+    monkeypatch.setattr(model.gan_step, "d_inputs",
                         lambda x, rows, step, phase: phases.append(phase) or original(
                             x, rows, step, phase))
     fit(model, one_device, 1)
@@ -374,7 +375,7 @@ def test_truncation_uses_the_whole_interval():
 def test_orthogonal_regularization_skips_the_class_embedding():
     g, _ = architectures.build("biggan", data_shape=(8, 8, 1), latent_dim=8, num_classes=10,
                                ch=2, g_channels=(1,), shared_dim=4)
-    chosen = gan._ortho_weights(g)
+    chosen = ortho_weights(g)
     assert chosen and all("embedding" not in w.path.lower() for w in chosen)
     assert any("embedding" in w.path.lower() for w in g.trainable_weights)
 
@@ -390,7 +391,8 @@ def test_a_conditional_gan_refuses_unlabelled_batches(one_device):
 def test_keras_file_round_trip_keeps_ema_classes_and_anchors(one_device, tmp_path):
     """A conditional BigGAN with EMA and LeCam: .keras save/load and .keras -> workdir keep
     the EMA weights, the anchors and the class count (run.json)."""
-    from tf_gan_scale import keras_io, sampling
+    from tf_gan_scale.artifacts import keras_io
+    from tf_gan_scale.artifacts import sampling
     c = configs.base()
     c.data.source = "embedded:digits"
     c.model = configs.ml_collections.ConfigDict({
@@ -399,7 +401,7 @@ def test_keras_file_round_trip_keeps_ema_classes_and_anchors(one_device, tmp_pat
     c.train.ema.decay, c.train.lecam_weight = 0.5, 0.1
     c.train.global_batch_size, c.train.num_steps = GB, 10
     with one_device.scope():
-        model = train_lib.build_gan(c, (8, 8, 1), 10)
+        model = training.build_gan(c, (8, 8, 1), 10)
     fit(model, one_device, 2)
     path = str(tmp_path / "gan.keras")
     keras_io.save_new(model, path)

@@ -1,4 +1,4 @@
-"""PacGAN's mode metrics (tf_gan_scale/toy_metrics.py) and tools/toy_metrics.py."""
+"""PacGAN's mode metrics (tf_gan_scale/metrics/toy.py) and tools/toy_metrics.py."""
 
 import json
 import math
@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_cmd, run_cmds, run_in_process
-from tf_gan_scale import data, toy_metrics, train_lib
+from tf_gan_scale import data
+from tf_gan_scale.metrics import toy
+from tf_gan_scale import training
 from tf_gan_scale.data.sources import toy_centers
 
 CENTERS, STD = toy_centers("grid25")
 
 
 def metrics(samples):
-    return toy_metrics.mode_metrics(samples, CENTERS, STD)
+    return toy.mode_metrics(samples, CENTERS, STD)
 
 
 def test_the_grid_constants():
@@ -93,7 +95,7 @@ def test_the_real_data_scores_like_a_perfect_generator():
     (np.zeros((0, 2)), CENTERS, STD), (np.zeros((3, 2)), CENTERS, 0.0)])
 def test_bad_arguments(samples, centers, std):
     with pytest.raises(ValueError):
-        toy_metrics.mode_metrics(samples, centers, std)
+        toy.mode_metrics(samples, centers, std)
 
 
 # --- the tool, end to end on a tiny trained run ---
@@ -177,13 +179,13 @@ def assert_bad(cases, procs):
 
 def test_tool_bad_input_is_one_line_exit_2(tmp_path):
     # In this process (conftest.run_in_process), on a run.json as the binary writes it for
-    # TINY_GAUSS (train_lib.write_run; no training): no process start per case.
+    # TINY_GAUSS (training.write_run; no training): no process start per case.
     run = tmp_path / "run"
     run.mkdir()
     config = runpy.run_path(os.path.join(REPO, "experiments", "gauss2d.py"))["get_config"]()
     config.model.hidden = (16, 16)
     source = data.load(config.data.source)
-    train_lib.write_run(str(run), config, source.shape, source)
+    training.write_run(str(run), config, source.shape, source)
     other = other_source_run(run, tmp_path / "digits_run")
     cases = bad_cases(run, other, tmp_path)
     assert_bad(cases, [run_in_process(["tools/toy_metrics.py", *map(str, args)])

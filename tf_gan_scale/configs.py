@@ -6,7 +6,7 @@ Experiment files (`experiments/*.py`) start from `base()` and override; with
 Stable keys (a contract): config.seed, config.data.source, config.train.num_steps,
 config.train.global_batch_size, and for dcgan config.model.d_dropout.
 
-Numeric keys are range-checked by `train_lib.validate` before a run touches its workdir
+Numeric keys are range-checked by `training.validate` before a run touches its workdir
 (e.g. log_every >= 1, checkpoint_every >= 0, 0 <= d_dropout < 1, learning_rate > 0).
 """
 
@@ -53,7 +53,7 @@ def base():
     # Learning-rate schedule of both optimizers (schedules.py): warm-up, then decay.
     c.train.lr_decay = "none"         # none | linear | cosine (to 0 at num_steps).
     c.train.lr_warmup_steps = 0
-    # EMA of G's weights (ema.py), used for samples and scores when decay > 0.
+    # EMA of G's weights (gan/ema.py), used for samples and scores when decay > 0.
     c.train.ema = ml_collections.ConfigDict({"decay": 0.0, "start": 0, "warmup": 0})
     # Stabilizers (GAN.compile documents each): 0 / "" = off.
     c.train.penalty_every = 1         # Lazy penalty: every k-th D update, weight x k.
@@ -66,7 +66,7 @@ def base():
     c.train.ortho_weight = 0.0        # BigGAN's orthogonal regularization of G.
     # Steps per call of the step function (fewer host round trips); 0 = auto: the largest
     # k <= 10 that divides num_steps, log_every and every nonzero event interval
-    # (train_lib.steps_per_execution), so logs, grids, checkpoints and scores still fall on
+    # (training.steps_per_execution), so logs, grids, checkpoints and scores still fall on
     # their exact steps.
     c.train.steps_per_execution = 0
     # Throughput (precision.py, GAN.compile): float32 | mixed_bfloat16 | mixed_float16;
@@ -82,7 +82,7 @@ def base():
     c.train.sample_every = 500
     c.train.log_every = 100           # TensorBoard scalars; one progress bar per block.
 
-    # Scoring during training (evaluation.py); tools/evaluate.py scores a checkpoint.
+    # Scoring during training (metrics/scoring.py); tools/evaluate.py scores a checkpoint.
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 0                  # Generator steps between evaluations; 0: none.
     c.eval.extractor = ""             # inception_v3 | fid_inception:PATH.pb | PATH.keras

@@ -1,11 +1,23 @@
 """User-facing errors: one line, naming the bad value and the valid choices."""
 
+import numbers
+
 
 class ConfigError(ValueError):
     """Bad user input (flag, config value, data path, checkpoint).
 
     Binaries print `str(error)` on one line and exit with status 2.
     """
+
+
+def is_int(value):
+    """An integer that is not a bool (True would pass as 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value):
+    """A real number that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def choose(kind, name, table):

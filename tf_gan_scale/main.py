@@ -93,20 +93,21 @@ def main(argv):
         raise errors.ConfigError(f"--mesh={spec} and --placement={place}: one of them; "
                                  f"valid: a mesh splits weights, a placement whole networks")
     if spec:  # A DTensor mesh instead of a tf.distribute strategy.
+        from tf_gan_scale.cluster import mesh_spec
         from tf_gan_scale.parallel import mesh as mesh_lib
         _check_alone("mesh", spec)
-        dims = mesh_lib.parse(spec)
+        dims = mesh_spec.parse(spec)
         # Like MultiWorkerMirroredStrategy: before any other TensorFlow op. Joins the
         # other DTensor clients when DTENSOR_JOBS, TF_CONFIG or a Slurm step name some.
         mesh_lib.initialize(FLAGS.num_cpu_devices)
-        from tf_gan_scale.parallel import training
-        _train(lambda: training.run(config, FLAGS.workdir, dims,
+        from tf_gan_scale.training import mesh_runner
+        _train(lambda: mesh_runner.run(config, FLAGS.workdir, dims,
                                     tfds_data_dir=FLAGS.tfds_data_dir), mesh_lib.cluster())
         return
     if place:  # G and D on two devices of this process, under no strategy.
         from tf_gan_scale.parallel import placement
         _check_alone("placement", place)
-        placement.check(place, 1, False)  # Bad specs first; the rest in train_lib.validate.
+        placement.check(place, 1, False)  # Bad specs first; the rest in training.validate.
         num_tasks, _ = distribute.cluster_from_env()
         if num_tasks > 1:
             raise errors.ConfigError(f"--placement={place} runs in one process, but the "
@@ -122,8 +123,8 @@ def main(argv):
             FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu,
             collective=FLAGS.collective, cluster_resolver=FLAGS.cluster_resolver,
             peer_timeout_s=FLAGS.peer_timeout_s, num_cpu_devices=FLAGS.num_cpu_devices)
-    from tf_gan_scale import train_lib  # Imports Keras models: after the strategy exists.
-    _train(lambda: train_lib.run(config, FLAGS.workdir, strategy,
+    from tf_gan_scale import training  # Imports Keras models: after the strategy exists.
+    _train(lambda: training.run(config, FLAGS.workdir, strategy,
                                  tfds_data_dir=FLAGS.tfds_data_dir), strategy)
 
 

@@ -13,7 +13,8 @@ What stays float32 under a mixed policy, and why:
   * every architecture's last layer (G's output activation, D's logit layer: `OUTPUT`),
     so losses, gradient penalties and generated samples are float32 (a bfloat16 sample
     has 8 significant bits: 0.016 steps at |x| = 4, a third of a toy mode's width);
-    `gan.py` also casts logits and samples, so a user's own networks are safe too.
+    The GAN (`gan/step.py`, `architectures/calls.py`) also casts logits and samples, so
+    a user's own networks are safe too.
 `mixed_float16` adds dynamic loss scaling (`keras.optimizers.LossScaleOptimizer`): the
 step's gradients are all-reduced BEFORE its finite check (`replica.apply_global_gradients`),
 so an overflow on any replica skips the update on all of them, and halves the scale;

@@ -5,7 +5,7 @@
     f(p) = 1 (none), 1 - p (linear), (1 + cos(pi p)) / 2 (cosine), p clipped to [0, 1],
 
 with t the optimizer's update count before the update (`optimizer.iterations`: G's
-steps for G; D's updates, d_steps per G step, for D: `train_lib.build_gan` scales
+steps for G; D's updates, d_steps per G step, for D: `training.build_gan` scales
 warmup_steps and total_steps by d_steps for D). The rate is a function of the step alone,
 so it resumes exactly from a checkpoint and is the same on every replica. Warm-up uses
 t + 1 so the first update already moves (lr > 0).

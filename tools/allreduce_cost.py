@@ -4,7 +4,7 @@ cross-replica BN (and, in parentheses, with local BN), as markdown.
 
     python tools/allreduce_cost.py --config=experiments/dcgan_mnist.py --data_shape=28,28,1
 
-Model and assumptions: tf_gan_scale/cost_model.py. The compute side assumes
+Model and assumptions: tf_gan_scale/distribute/cost_model.py. The compute side assumes
 --per_replica_batch examples per replica (weak scaling) at --tflops effective TFLOP/s;
 links have --latency_us per ring step. Model-only levers (not implemented in the step):
 --accumulation_steps=K (micro-batches per optimizer update, one gradient all-reduce per
@@ -61,7 +61,9 @@ def main(argv):
     config = cli.config_value(_CONFIG)
     if config is None:
         raise errors.ConfigError("--config is required")
-    from tf_gan_scale import architectures, cost_model, data, train_lib
+    from tf_gan_scale import architectures, data
+    from tf_gan_scale.distribute import cost_model
+    from tf_gan_scale import training
     if FLAGS.data_shape:
         try:
             shape = tuple(int(v) for v in FLAGS.data_shape)
@@ -72,7 +74,7 @@ def main(argv):
         shape = data.load(config.data.source).shape
     g, d = architectures.build(config.model.name, data_shape=shape,
                                latent_dim=config.model.latent_dim,
-                               **train_lib.model_options(config))
+                               **training.model_options(config))
     costs = cost_model.network_costs(g, d, shape, config.model.latent_dim)
     d_steps = config.train.d_steps
     if FLAGS.mesh:
@@ -119,9 +121,9 @@ def main(argv):
 
 def mesh_table(config, g, d, shape, costs):
     """The model-axis table: one row per --mesh at one global batch (cost_model.mesh_*)."""
-    from tf_gan_scale import cost_model
-    from tf_gan_scale.parallel import mesh as mesh_lib
-    meshes = [mesh_lib.parse(m) for m in FLAGS.mesh]
+    from tf_gan_scale.cluster import mesh_spec
+    from tf_gan_scale.distribute import cost_model
+    meshes = [mesh_spec.parse(m) for m in FLAGS.mesh]
     overrides = [tuple(o) for o in config.parallel.layouts]
     for text in FLAGS.layout:
         regex, sep, spec = text.rpartition("=")

@@ -52,7 +52,7 @@ strategy), interleaved with the --strategy run; give both the same micro-batches
         --num_cpu_devices=2 --baseline=false --placement=g:0,d:1 \
         --config.train.accumulation_steps=4
 
-Evaluation: `--eval_extractor=SPEC` times scoring instead (evaluation.fake_features: the
+Evaluation: `--eval_extractor=SPEC` times scoring instead (scoring.fake_features: the
 config's generator, untrained, and the extractor over --eval_samples generated examples,
 FID statistics streamed, features kept with --eval_keep for KID/PR), after a warm-up pass,
 and reports images/sec and the process's peak resident memory.
@@ -174,12 +174,16 @@ class MeshRun:
     def __init__(self, config, source, dataset, spec, costs=None):
         """costs: cost_model.network_costs of the GAN if another MeshRun has them
         (profiling FLOPs is the slow part; the GAN is the same for every mesh)."""
-        from tf_gan_scale import cost_model, train_lib
-        from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib, training
-        training.check_config(config)
-        self.dims = mesh_lib.parse(spec)
+        from tf_gan_scale import training
+        from tf_gan_scale.distribute import cost_model
+        from tf_gan_scale.cluster import mesh_spec
+        from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+        from tf_gan_scale.parallel import tensors
+        from tf_gan_scale.training import mesh_runner
+        mesh_runner.check_config(config)
+        self.dims = mesh_spec.parse(spec)
         mesh = mesh_lib.make(self.dims)
-        gan = train_lib.build_gan(config, source.shape, source.num_classes)
+        gan = training.build_gan(config, source.shape, source.num_classes)
         nets = (gan.generator, gan.discriminator)
         overrides = tuple(tuple(o) for o in config.parallel.layouts)
         plan = layouts.plan(nets, self.dims, overrides)
@@ -198,7 +202,7 @@ class MeshRun:
         self.batches = iter(dataset)
         self.d_steps = config.train.d_steps
         # Parameters on the first device: what a mesh saves in weight memory.
-        self.params = {net.name: sum(int(np.prod(layouts.local_shapes(w)[0]))
+        self.params = {net.name: sum(int(np.prod(tensors.local_shapes(w)[0]))
                                      for w in net.weights) for net in nets}
         self.split = sum(any(s) for s in plan.values())
 
@@ -214,7 +218,7 @@ class MeshRun:
 
 def run_workers(num_workers):
     """Runs this benchmark as `num_workers` local workers; prints the chief's JSON line."""
-    from tf_gan_scale import launch
+    from tf_gan_scale.cluster import launch
     argv = [a for a in sys.argv[1:] if not a.startswith(("--num_workers", "--strategy"))]
     cmd = [sys.executable, os.path.abspath(__file__), *argv,
            "--strategy=multi_worker_mirrored", "--baseline=false"]
@@ -233,16 +237,17 @@ def run_workers(num_workers):
 def time_evaluation(config, strategy):
     """Prints {"eval_images_per_sec", "seconds", "peak_rss_mb", ...} for scoring."""
     import resource
-    from tf_gan_scale import data, evaluation, train_lib
+    from tf_gan_scale import data, training
+    from tf_gan_scale.metrics import scoring
     from tf_gan_scale.metrics import extractors
     source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
     shape = source.shape
     with strategy.scope():
-        model = train_lib.build_gan(config, shape, source.num_classes)
+        model = training.build_gan(config, shape, source.num_classes)
         extractor = extractors.get(FLAGS.eval_extractor, shape)
 
     def score(n):
-        stats, _ = evaluation.fake_features(
+        stats, _ = scoring.fake_features(
             model.sampler, model.latent_dim, extractor, strategy, num_samples=n, seed=0,
             batch_size=FLAGS.eval_batch_size, keep=FLAGS.eval_keep,
             num_classes=model.num_classes)
@@ -319,9 +324,9 @@ def main(argv):
                                         collective=FLAGS.collective,
                                         num_cpu_devices=FLAGS.num_cpu_devices)
     import keras
-    from tf_gan_scale import architectures, data, precision, train_lib
+    from tf_gan_scale import architectures, data, precision, training
 
-    train_lib.validate(config, strategy.num_replicas_in_sync)
+    training.validate(config, strategy.num_replicas_in_sync)
     if FLAGS.eval_extractor:
         return time_evaluation(config, strategy)
     gb = config.train.global_batch_size
@@ -338,7 +343,7 @@ def main(argv):
         source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
     dataset = data.make_dataset(source, global_batch_size=gb, seed=config.seed)
     with strategy.scope():
-        model = train_lib.build_gan(config, source.shape, source.num_classes)
+        model = training.build_gan(config, source.shape, source.num_classes)
     runs = {"tf_gan_scale": (model, data.distribute(dataset, strategy))}
     if FLAGS.input_only:
         return time_input(config, strategy, source, dataset, model)
@@ -351,13 +356,13 @@ def main(argv):
         with precision.policy(config.train.precision):
             g, d = architectures.build(config.model.name, data_shape=source.shape,
                                        latent_dim=config.model.latent_dim,
-                                       **train_lib.model_options(config))
+                                       **training.model_options(config))
         plain = plain_gan_class()(g, d, config.model.latent_dim)
-        plain.compile(train_lib.make_optimizer(config.train.g_optimizer),
-                      train_lib.make_optimizer(config.train.d_optimizer))
+        plain.compile(training.make_optimizer(config.train.g_optimizer),
+                      training.make_optimizer(config.train.d_optimizer))
         runs["baseline"] = (plain, dataset)
     if FLAGS.placement:  # Built outside the strategy: a placement runs under none.
-        runs["placement"] = (train_lib.build_gan(config, source.shape, source.num_classes,
+        runs["placement"] = (training.build_gan(config, source.shape, source.num_classes,
                                                  FLAGS.placement), dataset)
     meshes, costs = {}, None
     for spec in FLAGS.mesh or ():
@@ -368,8 +373,8 @@ def main(argv):
     for _ in range(FLAGS.repeats):
         for name, (m, ds) in runs.items():
             times[name].append(time_fit(m, ds, FLAGS.steps, FLAGS.warmup))
-        for spec, mesh_run in meshes.items():
-            times.setdefault(spec, []).append(mesh_run.time(FLAGS.steps, FLAGS.warmup))
+        for spec, mesh_runner in meshes.items():
+            times.setdefault(spec, []).append(mesh_runner.time(FLAGS.steps, FLAGS.warmup))
     step_time = min(times["tf_gan_scale"])
     result = {
         "config": os.path.basename(config_flags.get_config_filename(FLAGS["config"])),
@@ -400,14 +405,14 @@ def main(argv):
         nets = (model.generator, model.discriminator)
         result["params_per_device"] = {n.name: n.count_params() for n in nets}
         result["meshes"] = {}
-        for spec, mesh_run in meshes.items():
+        for spec, mesh_runner in meshes.items():
             mesh_time = min(times[spec])
             result["meshes"][spec] = {
                 "step_time_s": round(mesh_time, 5),
                 "images_per_sec": round(gb * config.train.d_steps / mesh_time, 1),
                 f"speed_vs_{FLAGS.strategy}": round(step_time / mesh_time, 3),
-                "params_per_device": mesh_run.params, "split_weights": mesh_run.split,
-                "bytes_per_device_step": mesh_run.bytes,
+                "params_per_device": mesh_runner.params, "split_weights": mesh_runner.split,
+                "bytes_per_device_step": mesh_runner.bytes,
                 "all_step_times_s": [round(t, 4) for t in times[spec]]}
     if distribute.is_chief(strategy):
         print(json.dumps(result), flush=True)

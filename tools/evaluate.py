@@ -67,13 +67,16 @@ def main(argv):
     from tf_gan_scale import distribute
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
     strategy = distribute.make_strategy(FLAGS.strategy, num_cpu_devices=FLAGS.num_cpu_devices)
-    from tf_gan_scale import data, evaluation, sampling, train_lib
+    from tf_gan_scale import data
+    from tf_gan_scale.metrics import scoring
+    from tf_gan_scale.artifacts import sampling
+    from tf_gan_scale import training
     from tf_gan_scale.metrics import extractors
-    names = evaluation.check_metrics(FLAGS.metrics)
+    names = scoring.check_metrics(FLAGS.metrics)
     if FLAGS.num_samples < 2 or FLAGS.batch_size < 1:
         raise errors.ConfigError(f"--num_samples must be >= 2 and --batch_size >= 1; "
                                  f"Received: {FLAGS.num_samples}, {FLAGS.batch_size}")
-    spec = FLAGS.reference or train_lib.load_run(FLAGS.workdir)[0].data.source
+    spec = FLAGS.reference or training.load_run(FLAGS.workdir)[0].data.source
     source = data.load(spec, tfds_data_dir=FLAGS.tfds_data_dir)
     samples = generator = latent_dim = step = path = None
     if FLAGS.samples:
@@ -83,21 +86,21 @@ def main(argv):
         except (OSError, ValueError) as e:
             raise errors.ConfigError(f"cannot read --samples={FLAGS.samples!r}: "
                                      f"{str(e).splitlines()[0]}") from None
-        evaluation.check_samples(samples, source)
+        scoring.check_samples(samples, source)
     with strategy.scope():
         if samples is None:
             generator, latent_dim, step, path = sampling.load_generator(
                 FLAGS.workdir, checkpoint=FLAGS.checkpoint, ema=FLAGS.ema)
         extractor = extractors.get(FLAGS.extractor, source.shape,
                                    weights=FLAGS.extractor_weights)
-    scores = evaluation.evaluate(
+    scores = scoring.evaluate(
         generator, latent_dim, source, extractor, strategy, num_samples=FLAGS.num_samples,
         seed=FLAGS.seed, metrics=names, batch_size=FLAGS.batch_size, samples=samples,
         allow_rank_deficient=FLAGS.allow_rank_deficient,
-        cache_dir=train_lib.cache_dir(FLAGS.cache_dir),
+        cache_dir=training.cache_dir(FLAGS.cache_dir),
         write_cache=distribute.is_chief(strategy),
         num_classes=getattr(generator, "num_classes", 0))
-    print(f"step {step}: {evaluation.format_scores(scores)}", file=sys.stderr)
+    print(f"step {step}: {scoring.format_scores(scores)}", file=sys.stderr)
     print(json.dumps({"step": step, "checkpoint": path, **scores}))
     sys.stdout.flush()
 

@@ -25,7 +25,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    from tf_gan_scale import export
+    from tf_gan_scale.artifacts import export
     if not FLAGS.workdir or not FLAGS.output:
         raise errors.ConfigError("--workdir and --output are required")
     info = export.export_generator(FLAGS.workdir, FLAGS.output)

@@ -9,7 +9,7 @@ worker, each with its own TF_CONFIG (JSON, which is valid YAML for `kubectl appl
 Workers reach each other as NAME-worker-I.NAME:PORT. The --workdir must be shared (the
 --volume_claim mounted at /workdir, or a gs:// path). Pods restart on failure; a lost
 worker fails the others within --peer_timeout_s, so the group restarts and resumes from
-the latest checkpoint. See tf_gan_scale/clusters.py.
+the latest checkpoint. See tf_gan_scale/cluster/kubernetes.py.
 """
 
 import json
@@ -17,12 +17,13 @@ import re
 
 from absl import flags
 
-from tf_gan_scale import cli, clusters, errors
+from tf_gan_scale import cli, errors
+from tf_gan_scale.cluster import kubernetes
 
 flags.DEFINE_string("name", None, "Job name (a DNS label): pods NAME-worker-I.")
 flags.DEFINE_integer("num_workers", None, "Number of worker pods.")
 flags.DEFINE_string("image", None, "Container image with tf_gan_scale installed.")
-flags.DEFINE_integer("port", clusters.DEFAULT_PORT, "Port each worker listens on.")
+flags.DEFINE_integer("port", kubernetes.DEFAULT_PORT, "Port each worker listens on.")
 flags.DEFINE_string("namespace", None, "Namespace for every object.")
 flags.DEFINE_integer("gpus_per_worker", 0, "nvidia.com/gpu per pod.")
 flags.DEFINE_string("cpu", None, "CPU request per pod, e.g. 8.")
@@ -44,7 +45,7 @@ def main(argv):
         raise errors.ConfigError("--image is required")
     if FLAGS.num_workers is None:
         raise errors.ConfigError("--num_workers is required (>= 1)")
-    manifest = clusters.kubernetes_manifest(
+    manifest = kubernetes.kubernetes_manifest(
         FLAGS.name, FLAGS.num_workers, FLAGS.image, cmd, port=FLAGS.port,
         namespace=FLAGS.namespace, gpus_per_worker=FLAGS.gpus_per_worker, cpu=FLAGS.cpu,
         memory=FLAGS.memory, volume_claim=FLAGS.volume_claim)

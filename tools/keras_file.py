@@ -37,7 +37,7 @@ def main(argv):
     if not FLAGS.workdir or bool(FLAGS.to_keras) == bool(FLAGS.from_keras):
         raise errors.ConfigError("pass --workdir and exactly one of --to_keras=FILE.keras "
                                  "or --from_keras=FILE.keras (with --config)")
-    from tf_gan_scale import keras_io
+    from tf_gan_scale.artifacts import keras_io
     if FLAGS.to_keras:
         info = keras_io.workdir_to_keras(FLAGS.workdir, FLAGS.to_keras)
     else:

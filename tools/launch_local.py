@@ -10,7 +10,7 @@ all workers (each saves a preemption checkpoint and exits 143); if any worker fa
 are ended and the launcher exits non-zero, after restarting the group up to
 --max_restarts times (the training command resumes from its latest checkpoint).
 With --devices_per_worker=K each worker gets K GPUs (CUDA_VISIBLE_DEVICES) or, on CPU,
-`--num_cpu_devices=K` appended to its command. See tf_gan_scale/launch.py.
+`--num_cpu_devices=K` appended to its command. See tf_gan_scale/cluster/launch.py.
 
 A DTensor mesh over all workers (model / hybrid parallelism, one DTensor client per
 worker; B x M = workers x devices per worker):
@@ -23,7 +23,8 @@ import sys
 
 from absl import flags
 
-from tf_gan_scale import cli, errors, launch
+from tf_gan_scale import cli, errors
+from tf_gan_scale.cluster import launch
 
 flags.DEFINE_integer("num_workers", None, "Number of worker processes.")
 flags.DEFINE_integer("devices_per_worker", 1, "GPUs (or logical CPUs) per worker.")

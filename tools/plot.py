@@ -28,7 +28,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    from tf_gan_scale import plot
+    from tf_gan_scale.artifacts import plot
     if not FLAGS.workdir or not FLAGS.output:
         raise errors.ConfigError("--workdir and --output are required")
     print(json.dumps(plot.curves(FLAGS.workdir, FLAGS.output)))

@@ -37,7 +37,7 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     import numpy as np
-    from tf_gan_scale import sampling
+    from tf_gan_scale.artifacts import sampling
     if not FLAGS.workdir or not FLAGS.output:
         raise errors.ConfigError("--workdir and --output are required")
     ext = os.path.splitext(FLAGS.output)[1].lower()

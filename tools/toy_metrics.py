@@ -39,9 +39,12 @@ def main(argv):
         raise errors.ConfigError("--workdir is required")
     if FLAGS.num_samples < 1:
         raise errors.ConfigError(f"--num_samples must be >= 1; Received: {FLAGS.num_samples}")
-    from tf_gan_scale import gan, latents, sampling, toy_metrics, train_lib
+    from tf_gan_scale import gan, latents
+    from tf_gan_scale.artifacts import sampling
+    from tf_gan_scale.metrics import toy
+    from tf_gan_scale import training
     from tf_gan_scale.data import sources
-    spec = train_lib.load_run(FLAGS.workdir)[0].data.source
+    spec = training.load_run(FLAGS.workdir)[0].data.source
     kind, _, name = str(spec).partition(":")
     if kind != "toy":
         raise errors.ConfigError(
@@ -52,7 +55,7 @@ def main(argv):
         FLAGS.workdir, checkpoint=FLAGS.checkpoint, ema=FLAGS.ema)
     z = latents.fixed(FLAGS.seed, FLAGS.num_samples, latent_dim)
     samples = gan.generate(generator, z).numpy()
-    scores = toy_metrics.mode_metrics(samples, centers, std)
+    scores = toy.mode_metrics(samples, centers, std)
     print(json.dumps({"step": step, "checkpoint": path, "modes": scores["modes"],
                       "num_modes": len(centers), "high_quality": scores["high_quality"],
                       "reverse_kl": scores["reverse_kl"], "num_samples": len(samples)}))

@@ -48,7 +48,7 @@ def main(argv):
     if config is None or not FLAGS.output:
         raise errors.ConfigError("--config and --output are required, e.g. "
                                  "--config=experiments/digits.py --output=/tmp/digits.keras")
-    from tf_gan_scale import classifier
+    from tf_gan_scale.metrics import classifier
     result = classifier.train(config.data.source, FLAGS.output, steps=FLAGS.steps,
                               held_out_fraction=FLAGS.held_out_fraction, seed=FLAGS.seed,
                               batch_size=FLAGS.batch_size, tfds_data_dir=FLAGS.tfds_data_dir)

@@ -26,11 +26,11 @@ import math
 import re
 
 import keras
-import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tf_gan_scale import errors
-from tf_gan_scale.parallel import conv
-from tf_gan_scale.parallel.mesh import AXES, MODEL
+from tf_gan_scale.cluster.mesh_spec import AXES, MODEL
+from tf_gan_scale.parallel import conv, tensors
 
 # Convolution kernels from this many values (4 MB in float32; a 3x3 conv of 384 -> 384
 # channels holds 1.3M) are split by default: below it the saved memory is small and the
@@ -191,20 +191,6 @@ def _check(path, shape, spec, dims, layer=None):
                 f"not divisible by {axis}={dims[axis]}; layouts that fit: {fits}")
 
 
-def layout(mesh, spec):
-    from tensorflow.experimental import dtensor
-    return dtensor.Layout([axis or dtensor.UNSHARDED for axis in spec], mesh)
-
-
-def to_mesh(value, mesh, spec):
-    """A tensor -> a DTensor on `mesh` laid out by `spec` (copied replicated, then
-    relayout: each device keeps its slice)."""
-    from tensorflow.experimental import dtensor
-    value = tf.convert_to_tensor(value)
-    replicated = dtensor.Layout.replicated(mesh, rank=value.shape.rank)
-    return dtensor.relayout(dtensor.copy_to_mesh(value, replicated), layout(mesh, spec))
-
-
 # Where DTensor's layout propagation goes wrong, activations are constrained back to
 # examples-only splitting ([batch, -, ...]), like GSPMD's with_sharding_constraint
 # (identity values; a no-op where the layout already is that):
@@ -220,35 +206,19 @@ CONSTRAIN_INPUT = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D
                    keras.layers.Conv3DTranspose)
 
 
-def _by_example(x, mesh):
-    from tensorflow.experimental import dtensor
-    spec = ["batch"] + [dtensor.UNSHARDED] * (x.shape.rank - 1)
-    return dtensor.relayout(x, dtensor.Layout(spec, mesh))
-
-
-def join_examples(parts):
-    """tf.concat(parts, 0) of equally shaped per-example tensors, written as a stack and
-    a reshape (the same values in the same order). DTensor cannot concatenate along a
-    split axis ("concat dimension in sharded dimension is not supported"), and layout
-    propagation pushes the batch split of what follows back into any concatenation, even
-    of gathered parts; a stack adds a new unsplit axis instead."""
-    return tf.reshape(tf.stack(parts), tf.concat([[-1], tf.shape(parts[0])[1:]], 0))
-
-
 def _constrain(layer, mesh, where):
     call = layer.call
 
     def constrained(inputs, *args, **kwargs):
         if where == "input":
-            return call(_by_example(inputs, mesh), *args, **kwargs)
-        return _by_example(call(inputs, *args, **kwargs), mesh)
+            return call(tensors.by_example(inputs, mesh), *args, **kwargs)
+        return tensors.by_example(call(inputs, *args, **kwargs), mesh)
 
     layer.call = constrained  # This instance only.
 
 
 def _split(weight):
     """Whether a (Keras) variable on a mesh is split over any axis."""
-    from tensorflow.experimental import dtensor
     return not dtensor.fetch_layout(weight._value).is_fully_replicated()
 
 
@@ -262,36 +232,17 @@ def shard(models, mesh, weight_plan):
     CONSTRAIN_INPUT); convolutions with split kernels compute by taps (conv.use_taps).
     Optimizers must be built after this.
     """
-    from tensorflow.experimental import dtensor
     for model in models:
         for w in model.weights:
-            value = to_mesh(w._value.read_value(), mesh, weight_plan[weight_path(model, w)])
+            value = tensors.to_mesh(w._value.read_value(), mesh,
+                                    weight_plan[weight_path(model, w)])
             w._value = dtensor.DVariable(value, trainable=w.trainable, name=w.name)
         for layer in _leaf_layers(model):
             if isinstance(layer, CONSTRAIN_OUTPUT):
                 _constrain(layer, mesh, "output")
             elif isinstance(layer, tuple(conv.OUT_AXIS)) and _split(layer.kernel):
-                conv.use_taps(layer, lambda x: _by_example(x, mesh))
+                conv.use_taps(layer, lambda x: tensors.by_example(x, mesh))
             elif isinstance(layer, CONSTRAIN_INPUT):
                 _constrain(layer, mesh, "input")
 
 
-def gather(weight):
-    """A (possibly sharded) Keras variable, DVariable or DTensor -> numpy array of its
-    full value (`KerasVariable.numpy()` fails on a sharded one)."""
-    from tensorflow.experimental import dtensor
-    x = weight._value if hasattr(weight, "_value") and not isinstance(weight, tf.Tensor) \
-        else weight
-    if isinstance(x, tf.Variable):
-        x = x.read_value()
-    if dtensor.is_dtensor(x):
-        lay = dtensor.fetch_layout(x)
-        if not lay.is_fully_replicated():
-            x = dtensor.relayout(x, dtensor.Layout.replicated(lay.mesh, rank=lay.rank))
-    return x.numpy()
-
-
-def local_shapes(weight):
-    """Shapes of the pieces each device of the mesh holds of `weight` (list, mesh order)."""
-    from tensorflow.experimental import dtensor
-    return [tuple(t.shape) for t in dtensor.unpack(weight._value.read_value())]

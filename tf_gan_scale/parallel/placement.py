@@ -2,9 +2,10 @@
 
 The simple alternative to a mesh when a GAN is too big for one device but fits on two:
 every weight whole, each network's weights, optimizer slots and forward and backward ops
-on its own device (`GAN._on`), activations (fakes, and d loss / d fake in G's update)
+on its own device (the `Placement` topology: `GanStep` runs each network under its
+device scope), activations (fakes, and d loss / d fake in G's update)
 copied between them. With config.train.accumulation_steps = K the batch runs as K
-micro-batches (GAN._micro_batches, strided rows), and the step's dataflow lets G's
+micro-batches (GanStep.micro_batches, strided rows), and the step's dataflow lets G's
 forward pass of micro-batch j+1 run while D works on micro-batch j: GPipe's schedule, by
 TensorFlow's executor. The numbers are one device's with the same K (batch-norm
 statistics per micro-batch, as for accumulation): only where ops run changes.
@@ -20,6 +21,7 @@ one-device ones: a run resumes on any topology.
 import tensorflow as tf
 
 from tf_gan_scale import errors
+from tf_gan_scale.gan import Topology
 
 NETS = ("g", "d")
 FORM = "valid: g:I,d:J with device indices I != J (e.g. g:0,d:1)"
@@ -69,6 +71,18 @@ def _move(model, device):
             w._value = tf.Variable(w._value.read_value(), trainable=w.trainable, name=w.name)
 
 
+class Placement(Topology):
+    """G's ops on one device, D's on another: `on(net)` is that network's device scope.
+    Forward AND backward ops go where they are created, and GanStep takes each network's
+    gradient inside its own scope."""
+
+    def __init__(self, names):
+        self.devices = dict(names)
+
+    def on(self, net):
+        return tf.device(self.devices[net])
+
+
 def place(gan, names):
     """Puts `gan`'s G (and its EMA copy) on names["g"], D on names["d"], and makes its
     step run each network there. Before `gan.compile`: the optimizers then create their
@@ -79,4 +93,4 @@ def place(gan, names):
     if gan.ema is not None:
         _move(gan.ema.model, names["g"])
     _move(gan.discriminator, names["d"])
-    gan.placement = dict(names)
+    gan.topology = Placement(names)

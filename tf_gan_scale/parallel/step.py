@@ -3,7 +3,7 @@ optimizer, the same losses, latents and batch-norm statistics as one device.
 
 Why it looks like this (MODEL_PARALLEL_NOTES, each trap reproduced there):
 - A DTensor program is written for the GLOBAL batch: the step calls the one-device code
-  of `gan.GAN` (`_d_grads`, `_g_grads`) on all GB rows, with rows 0..GB-1, and DTensor
+  of `gan.GanStep` (`d_grads`, `g_grads`) on all GB rows, with rows 0..GB-1, and DTensor
   runs it SPMD: examples split over the "batch" axis, split weights over "model".
   Losses are divided by GB once, latents are keyed by global row, and batch-norm
   moments over a batch-split tensor are global-batch moments: one device's numbers.
@@ -15,17 +15,29 @@ Why it looks like this (MODEL_PARALLEL_NOTES, each trap reproduced there):
   function increments.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tf_gan_scale import errors
-from tf_gan_scale.parallel import layouts
+from tf_gan_scale.architectures.calls import generate
+from tf_gan_scale.gan import Topology
+from tf_gan_scale.parallel import layouts, tensors
+
+
+class MeshTopology(Topology):
+    """The step on a DTensor mesh: [real; fake] is joined as a stack and a reshape
+    (`tensors.join_examples`: DTensor cannot concatenate along the split batch axis);
+    devices are the mesh's, so no network has a scope of its own."""
+
+    def join(self, parts):
+        return tensors.join_examples(parts)
 
 
 def _optimizer_name(opt):
     """"sgd" / "adam" for the Keras optimizers the mesh can run, else a ConfigError naming
     the setting and what is valid."""
-    import keras
     names = {keras.optimizers.SGD: "sgd", keras.optimizers.Adam: "adam"}
     name = names.get(type(opt))  # Exactly: AdamW is an Adam with weight decay.
     bad = [] if name else [f"optimizer {type(opt).__name__}"]
@@ -77,7 +89,6 @@ class ReadOnceOptimizer:
     """
 
     def __init__(self, optimizer, mesh):
-        from tensorflow.experimental import dtensor
         self.name, self.keras, self.mesh = _optimizer_name(optimizer), optimizer, mesh
         self.variables = list(optimizer._trainable_variables)
         slots = ((optimizer._momentums, optimizer._velocities) if self.name == "adam"
@@ -90,25 +101,24 @@ class ReadOnceOptimizer:
                     for a in dtensor.fetch_layout(w._value).sharding_specs)
         for v in optimizer.variables:  # iterations, learning_rate, slots.
             spec = spec_of.get(id(v), (None,) * len(v.shape))
-            value = layouts.to_mesh(v._value.read_value(), mesh, spec)
+            value = tensors.to_mesh(v._value.read_value(), mesh, spec)
             v._value = dtensor.DVariable(value, trainable=False, name=v.name)
         self.slots = list(zip(*slots)) if slots else []
-        self.updates = int(layouts.gather(optimizer.iterations))
+        self.updates = int(tensors.gather(optimizer.iterations))
 
     def lr(self, n=None):
         """The learning rate of update number n (0-based; default: the next), as Keras
         computes it: the schedule at n, or the constant."""
-        import keras
         rate = self.keras._learning_rate
         n = self.updates if n is None else n
         if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
             return float(np.asarray(rate(n)))
-        return float(layouts.gather(rate))
+        return float(tensors.gather(rate))
 
     def count(self, n):
         """Sets `iterations` to n updates (on the host, between steps)."""
         self.updates = int(n)
-        self.keras.iterations._value.assign(layouts.to_mesh(
+        self.keras.iterations._value.assign(tensors.to_mesh(
             tf.constant(self.updates, self.keras.iterations.dtype), self.mesh, ()))
 
     def apply(self, grads, t, lr):
@@ -162,15 +172,11 @@ class MeshTrainer:
     """
 
     def __init__(self, gan, mesh, weight_plan):
-        import keras
-        unsupported = {
-            "accumulation_steps": gan.accumulation_steps != 1,
-            "precision=mixed_float16 (loss scaling)": isinstance(
-                gan.g_optimizer, keras.optimizers.LossScaleOptimizer),
-            "penalty": gan.penalty_fn is not None,
-            "lecam_weight": bool(gan.lecam_weight),
-        }
-        bad = [name for name, on in unsupported.items() if on]
+        # The step's knobs the mesh cannot run (StepConfig's engine metadata), then what
+        # the built GAN holds beyond them.
+        bad = gan.step_config.unsupported("mesh")
+        if isinstance(gan.g_optimizer, keras.optimizers.LossScaleOptimizer):
+            bad.append("precision=mixed_float16 (loss scaling)")
         bad += _unsupported_layers((gan.generator, gan.discriminator))
         if bad:
             raise errors.ConfigError(f"not supported on a mesh yet: {', '.join(bad)}; "
@@ -178,7 +184,8 @@ class MeshTrainer:
         for opt in (gan.d_optimizer, gan.g_optimizer):
             _optimizer_name(opt)  # Before anything moves.
         self.gan, self.mesh = gan, mesh
-        gan._mesh = mesh  # GAN._join then stacks [real; fake] (no concat on a split axis).
+        self.step_math = gan.gan_step
+        gan.topology = MeshTopology()  # [real; fake] joined without a concat.
         layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
         if gan.ema is not None:  # The EMA copy of G: each weight laid out as G's twin.
             ema = gan.ema.model
@@ -187,9 +194,10 @@ class MeshTrainer:
                 for e, w in zip(ema.weights, gan.generator.weights)})
         self.d_opt = ReadOnceOptimizer(gan.d_optimizer, mesh)
         self.g_opt = ReadOnceOptimizer(gan.g_optimizer, mesh)
-        # autograph=False: the step math is plain Python around ops (gan._unconverted_if_own).
-        self._d_fn = tf.function(self._d_update, autograph=False)
-        self._g_fn = tf.function(self._g_update, autograph=False)
+        # autograph=False: the step math is plain Python around ops
+        # (gan.step_function.unconverted_if_own).
+        self._d_fn = tf.function(self.d_update, autograph=False)
+        self._g_fn = tf.function(self.g_update, autograph=False)
         # Its own function: it reads G's weights, which the G function writes.
         self._ema_fn = tf.function(self._ema_update, autograph=False)
         self._sample_fn = None
@@ -202,14 +210,16 @@ class MeshTrainer:
     def _rows(self, gb):
         return tf.range(gb)
 
-    def _d_update(self, real, labels, step, k, t, lr):
+    def d_update(self, real, labels, step, k, t, lr):
+        """D update k of a step on the global batch real [GB, ...] (traced by _d_fn)."""
         gb = tf.shape(real)[0]
-        grads, share, _ = self.gan._d_grads(real, labels, self._rows(gb), gb, step, k)
+        grads, share, _ = self.step_math.d_grads(real, labels, self._rows(gb), gb, step, k)
         self.d_opt.apply(grads, t, lr)
         return share
 
-    def _g_update(self, gb, step, t, lr):
-        grads, share = self.gan._g_grads(self._rows(gb), gb, step)
+    def g_update(self, gb, step, t, lr):
+        """The G update of a step on a global batch of gb (traced by _g_fn)."""
+        grads, share = self.step_math.g_grads(self._rows(gb), gb, step)
         self.g_opt.apply(grads, t, lr)
         return share
 
@@ -220,7 +230,7 @@ class MeshTrainer:
         """Host arrays [GB, ...] (and labels [GB]) -> DTensors split over "batch"."""
         def put(x, dtype):
             x = tf.convert_to_tensor(x, dtype)
-            return layouts.to_mesh(x, self.mesh, ("batch",) + (None,) * (x.shape.rank - 1))
+            return tensors.to_mesh(x, self.mesh, ("batch",) + (None,) * (x.shape.rank - 1))
 
         if labels is None:
             labels = np.zeros([np.shape(real)[0]], np.int32)
@@ -243,9 +253,9 @@ class MeshTrainer:
         g_loss = self._g_fn(tf.constant(gb), step_t, tf.constant(step + 1, tf.float32),
                             tf.constant(self.g_opt.lr(step), tf.float32))
         self.g_opt.count(step + 1)
-        if self.gan.ema is not None:  # As GAN._g_update: the step counted after the update.
+        if self.gan.ema is not None:  # As GanStep.g_update: the step counted after it.
             self._ema_fn(tf.constant(step + 1, tf.int64))
-        losses = float(layouts.gather(d_loss)), float(layouts.gather(g_loss))
+        losses = float(tensors.gather(d_loss)), float(tensors.gather(g_loss))
         if not np.all(np.isfinite(losses)):
             raise errors.NonFiniteError(f"non-finite loss at step {step + 1} on the mesh: "
                                         f"d_loss={losses[0]}, g_loss={losses[1]}")
@@ -264,9 +274,9 @@ class _Rate:
 
 
 class HostView:
-    """What the training callbacks (`callbacks.py`) and the scorer read of a GAN, for one
-    trained on a mesh: `step`, `latent_dim`, `num_classes`, the optimizers' learning
-    rates, `sampler` and `generate`.
+    """What the training callbacks and the scorer read of a GAN
+    (`training.callbacks.TrainedModel`), for one trained on a mesh: `step`, `latent_dim`,
+    `num_classes`, the optimizers' learning rates, `sampler` and `generate`.
 
     Samples and scores run on `host_generator`, a plain Keras copy of G, or of its EMA
     copy when there is one (same architecture, TensorFlow's default device) refreshed
@@ -298,11 +308,10 @@ class HostView:
     def sampler(self):
         if self._synced != self.trainer.step:
             for h, w in zip(self.host_generator.weights, self.trainer.gan.sampler.weights):
-                h.assign(layouts.gather(w))
+                h.assign(tensors.gather(w))
             self._synced = self.trainer.step
         return self.host_generator
 
     def generate(self, z, batch_size=256, labels=None):
         """As gan.GAN.generate: [N, latent_dim] (labels [N]) -> [N, *data_shape]."""
-        from tf_gan_scale import gan as gan_lib
-        return gan_lib.generate(self.sampler, z, batch_size, labels)
+        return generate(self.sampler, z, batch_size, labels)

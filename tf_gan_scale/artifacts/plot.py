@@ -1,16 +1,16 @@
 """Loss and metric curves of a training run as one PNG, for people who do not run TensorBoard.
 
-    from tf_gan_scale import plot
+    from tf_gan_scale.artifacts import plot
     plot.curves("runs/digits", "curves.png")
     # -> {"output": "curves.png", "steps": [5, 2000],
     #     "series": ["d_loss", "g_loss", "fid [keras:/abs/c.keras, 1000 samples]", ...]}
 
-Inputs (the workdir layout of train_lib):
+Inputs (the workdir layout of training/workdir.py):
     WORKDIR/logs/**/events.out.tfevents.*  TensorBoard scalars (callbacks.Summaries: d_loss,
         g_loss, steps_per_sec, images_per_sec, and whatever else training logs, e.g.
         d_grad_norm, g_learning_rate), one value per generator step. Tags of event files in
         a subfolder of logs/ get its path as a prefix ("validation/d_loss").
-    WORKDIR/metrics.jsonl (or eval.jsonl, the name train_lib writes, when there is no
+    WORKDIR/metrics.jsonl (or eval.jsonl, the name training.run writes, when there is no
         metrics.jsonl): one JSON object per line, {"step": int, "extractor": str,
         "num_samples": int, "fid": float, "kid": float, "kid_std": float, "is": float,
         "is_std": float, "precision": float, "recall": float}, any subset of the metrics;

@@ -1,70 +1,11 @@
-"""Cluster specs from cluster managers: Slurm (in the job) and Kubernetes (manifests).
-
-Slurm: TensorFlow's `SlurmClusterResolver` runs `nvidia-smi` and divides by the GPU count,
-so it fails on CPU-only nodes (tensorflow#56894). `slurm_resolver` builds the same cluster
-from the job's variables and hands a `SimpleClusterResolver` to the strategy, with the GPU
-count measured on the node (0 is fine).
-
-    SLURM_STEP_NODELIST   node[01-02]     hosts of this step (else SLURM_JOB_NODELIST)
-    SLURM_STEP_TASKS_PER_NODE 2(x2)       tasks on each host (else SLURM_TASKS_PER_NODE)
-    SLURM_PROCID          0..N-1          this task's rank = worker index
-    TF_GAN_SCALE_PORT     8888            first port; the k-th task on a host uses PORT + k
-
-Tasks are laid out on hosts in block order (srun's default distribution): the first
-host's tasks are workers 0..t0-1, and so on.
-
-Kubernetes: `kubernetes_manifest` returns one headless Service and one Pod per worker,
-each Pod with its own TF_CONFIG naming the others by stable DNS names
-(`NAME-worker-I.NAME`); `tools/k8s_manifest.py` prints it.
-"""
+"""Kubernetes: one headless Service and one Pod per worker, each Pod with its own
+TF_CONFIG naming the others by stable DNS names (`NAME-worker-I.NAME`);
+`tools/k8s_manifest.py` prints it. Imports no TensorFlow."""
 
 import json
 
 from tf_gan_scale import errors
-
-DEFAULT_PORT = 8888
-
-
-def _slurm_var(env, *names):
-    for name in names:
-        if env.get(name):
-            return env[name]
-    raise errors.ConfigError(f"--cluster_resolver=slurm: {names[0]} is not set; run inside "
-                             f"a Slurm job step (srun), or use --cluster_resolver=tf_config")
-
-
-def slurm_cluster(env):
-    """(cluster dict {"worker": ["host:port", ...]}, task index) from Slurm variables."""
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as scr
-    nodelist = _slurm_var(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    per_node = _slurm_var(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    try:
-        hosts = scr.expand_hostlist(nodelist)
-        counts = scr.expand_tasks_per_node(per_node)
-        rank = int(_slurm_var(env, "SLURM_PROCID"))
-        port = int(env.get("TF_GAN_SCALE_PORT", DEFAULT_PORT))
-    except ValueError as e:
-        raise errors.ConfigError(f"--cluster_resolver=slurm: bad Slurm variables ({e}); "
-                                 f"expected e.g. SLURM_STEP_NODELIST='node[01-02]', "
-                                 f"SLURM_STEP_TASKS_PER_NODE='2(x2)', SLURM_PROCID=0") from None
-    if len(hosts) != len(counts):
-        raise errors.ConfigError(
-            f"--cluster_resolver=slurm: {len(hosts)} hosts in {nodelist!r} but "
-            f"{len(counts)} entries in tasks-per-node {per_node!r}")
-    workers = [f"{host}:{port + k}" for host, n in zip(hosts, counts) for k in range(n)]
-    if not 0 <= rank < len(workers):
-        raise errors.ConfigError(f"--cluster_resolver=slurm: SLURM_PROCID={rank} but the "
-                                 f"step has {len(workers)} tasks (valid: 0..{len(workers) - 1})")
-    return {"worker": workers}, rank
-
-
-def slurm_resolver(env, *, num_gpus):
-    """SimpleClusterResolver for this Slurm task; `num_gpus` GPUs on this node (may be 0)."""
-    import tensorflow as tf
-    cluster, rank = slurm_cluster(env)
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), task_type="worker", task_id=rank, rpc_layer="grpc",
-        num_accelerators={"GPU": int(num_gpus)})
+from tf_gan_scale.cluster.env import DEFAULT_PORT
 
 
 def kubernetes_manifest(name, num_workers, image, command, *, port=DEFAULT_PORT,

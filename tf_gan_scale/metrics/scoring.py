@@ -36,9 +36,10 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import errors, latents
-from tf_gan_scale import gan as gan_lib
 from tf_gan_scale import metrics as metrics_lib
+from tf_gan_scale.architectures.calls import call_generator
 from tf_gan_scale.data.sources import to_float
+from tf_gan_scale.metrics import extractors
 
 METRICS = ("fid", "kid", "is", "pr", "classes")
 _CACHE_VERSION = 2  # Bump when what a cached reference file means changes.
@@ -188,7 +189,7 @@ def fake_features(generator, latent_dim, extractor, strategy, *, num_samples, se
         # latents.fixed's latents: the sample grids' too.
         z = latents.sample_normal(seed, rows, int(latent_dim))
         labels = latents.sample_labels(seed, rows, num_classes) if num_classes else None
-        return gan_lib.call_generator(generator, z, labels)
+        return call_generator(generator, z, labels)
 
     return _stream(strategy, _padded(rows, gb), images, extractor, keep,
                    memo=(generator, int(latent_dim), int(seed), int(num_classes), "fake"))
@@ -442,7 +443,6 @@ class FidStreams:
     GAN: its state is not part of the model's weights. Create it in the GAN's strategy."""
 
     def __init__(self, model, spec):
-        from tf_gan_scale.metrics import extractors
         shape = tuple(model.generator.output_shape[1:])
         with model.distribute_strategy.scope():
             self.extractor = (extractors.get(spec, shape) if isinstance(spec, str)

@@ -15,49 +15,14 @@ weight, and write to a temporary name renamed at the end.
 
 import os
 import re
-import shutil
-import tempfile
 import zipfile
 
 import keras
 import tensorflow as tf
 
-from tf_gan_scale import errors, train_lib
+from tf_gan_scale import errors, training
 from tf_gan_scale import gan as gan_lib
-
-
-def check_new(path):
-    """Raises ConfigError unless `path` is a new file name ending in .keras."""
-    if not str(path or "").endswith(".keras"):
-        raise errors.ConfigError(f"--output must be a file name ending in .keras; "
-                                 f"Received: {path!r}")
-    if os.path.lexists(path):
-        raise errors.ConfigError(f"--output {path!r} already exists (never overwritten); "
-                                 f"choose a new file name")
-
-
-def save_new(model, output):
-    """Writes `model` to the new file `output` (.keras): saved to a temporary file in the
-    same directory, then linked into place, which fails rather than overwrite a file
-    written meanwhile; nothing is left behind on failure."""
-    check_new(output)
-    target = os.path.abspath(output)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-",
-                           dir=os.path.dirname(target))
-    try:
-        saved = os.path.join(tmp, "model.keras")
-        model.save(saved)
-        try:
-            os.link(saved, target)  # Atomic, and never replaces a file written meanwhile.
-        except FileExistsError:
-            raise errors.ConfigError(f"--output {output!r} already exists (never "
-                                     f"overwritten); choose a new file name") from None
-        except OSError:  # A file system without hard links.
-            check_new(output)
-            os.rename(saved, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+from tf_gan_scale.keras_files import check_new, save_new
 
 
 def workdir_to_keras(workdir, output):
@@ -67,10 +32,10 @@ def workdir_to_keras(workdir, output):
     existing output) raises ConfigError before anything is written.
     """
     check_new(output)
-    config, data_shape, classes = train_lib.load_run(workdir)
-    model = train_lib.build_gan(config, data_shape, classes)
+    config, data_shape, classes = training.load_run(workdir)
+    model = training.build_gan(config, data_shape, classes)
     ckpt_dir = os.path.join(workdir, "checkpoints")
-    path = train_lib.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()))
+    path = training.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()))
     if path is None:
         raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
     save_new(model, output)
@@ -101,7 +66,7 @@ def keras_to_workdir(keras_path, config, workdir):
     if not str(keras_path).endswith(".keras") or not os.path.isfile(keras_path):
         raise errors.ConfigError(f"--from_keras must be an existing .keras file; "
                                  f"Received: {keras_path!r}")
-    train_lib.validate(config, 1)
+    training.validate(config, 1)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if tf.train.latest_checkpoint(ckpt_dir) is not None:
         raise errors.ConfigError(f"{workdir!r} already holds checkpoints; choose a new "
@@ -117,7 +82,7 @@ def keras_to_workdir(keras_path, config, workdir):
         raise errors.ConfigError(f"{keras_path!r} holds a {type(source).__name__}, not a "
                                  f"tf_gan_scale GAN (saved with GAN.save)")
     data_shape = tuple(source.generator.output_shape[1:])
-    model = train_lib.build_gan(config, data_shape, source.num_classes)
+    model = training.build_gan(config, data_shape, source.num_classes)
     _copy("generator", model.generator.variables, source.generator.variables)
     _copy("discriminator", model.discriminator.variables, source.discriminator.variables)
     _copy("g_optimizer", model.g_optimizer.variables, source.g_optimizer.variables)
@@ -133,7 +98,7 @@ def keras_to_workdir(keras_path, config, workdir):
     step = int(model.step.numpy())
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
     os.makedirs(workdir, exist_ok=True)
-    train_lib.write_run(workdir, config, data_shape, num_classes=source.num_classes or None)
+    training.write_run(workdir, config, data_shape, num_classes=source.num_classes or None)
     path = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=None).save(
         checkpoint_number=step)
     assert re.search(r"ckpt-\d+$", path), path

@@ -60,7 +60,10 @@ one of 2C+1 per pass, as for data parallelism) and link sharing: each device is 
 to have its own link of the given bandwidth on each axis.
 """
 
+import keras
 import tensorflow as tf
+
+from tf_gan_scale.parallel import conv, layouts
 
 BYTES_PER_FLOAT = 4
 BN_BYTES_PER_VALUE = 8
@@ -222,8 +225,6 @@ def _leaf_split(layer, weight_plan, model):
     """(kind, kernel path, in, out) of a Dense / Embedding / Conv2D / Conv2DTranspose leaf
     whose kernel is split over "model" (in, out: its input and output features or
     channels), else None. ValueError for a split over "batch" (not modelled)."""
-    import keras
-    from tf_gan_scale.parallel import conv, layouts
     if isinstance(layer, keras.layers.Dense):
         kernel = layer.kernel
     elif isinstance(layer, keras.layers.Embedding):
@@ -268,7 +269,6 @@ def _positions(tensor, embedding):
 def _split_passes_through(layer):
     """Layers that keep a feature-split activation split (elementwise in the features:
     DTensor propagates the split through them; seen for BN and LeakyReLU)."""
-    import keras
     return isinstance(layer, (keras.layers.BatchNormalization, keras.layers.ReLU,
                               keras.layers.LeakyReLU, keras.layers.Activation,
                               keras.layers.Dropout))
@@ -309,7 +309,6 @@ def mesh_layers(model, weight_plan, input_grads):
     A leaf Dense inside a composite layer is taken to read the composite's LAST input
     (a spectral-norm wrapper has one; BigGAN's conditional BN reads c, its second).
     """
-    import keras
     graph = getattr(model, "_functional", None) or model
     tags = {id(t): "input" if (i == 0 and input_grads) else "never"
             for i, t in enumerate(graph.inputs)}
@@ -379,7 +378,6 @@ def mesh_network_costs(generator, discriminator, data_shape, latent_dim, dims, o
         network_costs' dict (whole networks) plus "model_size": M, "g_layers" /
         "d_layers" and "g_bn_split" / "d_bn_split" (mesh_layers).
     """
-    from tf_gan_scale.parallel import layouts
     costs = dict(costs or network_costs(generator, discriminator, data_shape, latent_dim))
     plan = layouts.plan((generator, discriminator), dims, overrides)
     costs["model_size"] = int(dims["model"])

@@ -1,7 +1,7 @@
 """run(config, workdir, dims): a training run on a DTensor mesh, in one process or as one
-of several DTensor clients (mesh.initialize), resumable like train_lib.run.
+of several DTensor clients (mesh.initialize), resumable like training.run.
 
-The same config, data order, checkpoints and workdir as train_lib.run, so a run moves
+The same config, data order, checkpoints and workdir as training.run, so a run moves
 between a mesh and tf.distribute by resuming. G's and D's weights are split by the layout
 policy (layouts.py, config.parallel.layouts); each step is MeshTrainer's; samples and
 scores come from a host copy of G (step.HostView).
@@ -20,34 +20,34 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from tf_gan_scale import callbacks, data, errors, train_lib
-from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+from tf_gan_scale import errors
+from tf_gan_scale.gan import StepConfig
+from tf_gan_scale.parallel import layouts
+from tf_gan_scale.parallel import mesh as mesh_lib
+from tf_gan_scale.parallel import step as step_lib
+from tf_gan_scale.training import build, callbacks, prepare
+from tf_gan_scale.training import runner
 
 
 def check_config(config):
     """What the mesh cannot run yet, from the config alone (before data is read): one
-    ConfigError naming every such setting. MeshTrainer checks the built GAN again."""
+    ConfigError naming every such setting: the step's knobs whose StepConfig metadata
+    leaves the mesh out, mixed precision, per-replica or grouped batch norm. MeshTrainer
+    checks the built GAN again."""
     t, m = config.train, config.model
-    bad = {
-        f"train.precision={t.get('precision', 'float32')!r}":
-            t.get("precision", "float32") != "float32",
-        f"train.jit_compile={t.get('jit_compile', 'auto')!r}": train_lib.jit_compile(
-            t.get("jit_compile", "auto")),
-        f"train.accumulation_steps={t.get('accumulation_steps', 1)}":
-            t.get("accumulation_steps", 1) != 1,
-        f"train.penalty={t.penalty!r}": t.penalty != "none",
-        f"train.lecam_weight={t.get('lecam_weight', 0.0)}": bool(t.get("lecam_weight")),
-        # Batch norm on a mesh is over the global batch (DTensor's SPMD moments).
-        f"model.sync_bn={m.get('sync_bn', True)}": not m.get("sync_bn", True),
-        f"model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}":
-            bool(m.get("sync_bn_group_size", 0)),
-    }
-    bad = [k for k, on in bad.items() if on]
+    bad = [f"config.train.precision={t.get('precision', 'float32')!r}"] if t.get(
+        "precision", "float32") != "float32" else []
+    bad += StepConfig.from_train(t).unsupported("mesh")
+    # Batch norm on a mesh is over the global batch (DTensor's SPMD moments).
+    if not m.get("sync_bn", True):
+        bad.append(f"config.model.sync_bn={m.get('sync_bn', True)}")
+    if m.get("sync_bn_group_size", 0):
+        bad.append(f"config.model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}")
     if bad:
         raise errors.ConfigError(
-            f"not supported on a mesh yet: config.{', config.'.join(bad)}; valid: float32, "
-            f"no XLA, accumulation, penalty or LeCam, global batch norm -- or train "
-            f"without a mesh (tf.distribute)")
+            f"not supported on a mesh yet: {', '.join(bad)}; valid: float32, no XLA, "
+            f"accumulation, penalty or LeCam, global batch norm -- or train without a mesh "
+            f"(tf.distribute)")
 
 
 class SharedCheckpoints:
@@ -67,7 +67,7 @@ class SharedCheckpoints:
         return self.latest_checkpoint
 
 
-class SyncHost(callbacks._Every):
+class SyncHost(callbacks.Every):
     """Refreshes the host copy of G (`HostView.sampler`, a gather over the mesh) at the
     steps the chief's sample grids do: on a client that draws none, so that every client
     takes part in the same gathers."""
@@ -89,7 +89,7 @@ def _chiefs_best(score, mesh, key):
 
 
 def callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, score=None):
-    """train_lib's callbacks for this client of a mesh run: the chief's write the workdir
+    """training.run's callbacks for this client of a mesh run: the chief's write the workdir
     and record checkpoints; another client's write its shards of the same checkpoints
     (SharedCheckpoints) and refresh G's host copy where the chief's grids do (SyncHost),
     so every client takes part in every collective, in the same order. The best
@@ -98,7 +98,7 @@ def callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, sco
     chief = mesh_lib.clients()[0] == 0
     if score is not None and config.eval.best:
         score = _chiefs_best(score, mesh, config.eval.best)
-    cbs = train_lib._callbacks(
+    cbs = runner.callbacks_for(
         config, source, mesh_lib.cluster(), checkpoint, workdir, chief, start, verbose,
         score, workdir, manager_fn=tf.train.CheckpointManager if chief else SharedCheckpoints)
     if not chief:  # The chief's sample grids refresh the host copy of G at these steps.
@@ -115,18 +115,15 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     """
     t = config.train
     mesh = mesh_lib.make(dims)  # First: a mesh that does not fit the devices.
-    train_lib.validate(config, dims[mesh_lib.BATCH])  # The global batch splits over "batch".
-    check_config(config)
     client, num_clients = mesh_lib.clients()
     chief = client == 0
-    source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
-    strategy = tf.distribute.get_strategy()  # The default one: nothing is mirrored.
-    model = train_lib.build_gan(config, source.shape, source.num_classes)
-    checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
-    # Restored into the plain variables, then moved onto the mesh: a checkpoint is the
-    # same whichever topology wrote it.
-    restored = train_lib.restore(os.path.join(workdir, "checkpoints"), checkpoint)
-    start = int(model.step.numpy())
+    # The global batch splits over "batch". Built with no strategy (the default one):
+    # nothing is mirrored; restored into plain variables, then moved onto the mesh, so a
+    # checkpoint is the same whichever topology wrote it.
+    p = prepare.prepare_run(config, workdir, num_replicas=dims[mesh_lib.BATCH],
+                        check=check_config, tfds_data_dir=tfds_data_dir)
+    model, source, start, restored = p.model, p.source, p.start, p.restored
+    strategy = tf.distribute.get_strategy()
     low, high = mesh_lib.spread(mesh, start)  # Every client must resume the same run.
     if low != high:
         raise errors.ConfigError(
@@ -136,13 +133,11 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     nets = (model.generator, model.discriminator)
     plan = layouts.plan(nets, dims, tuple(tuple(o) for o in config.parallel.layouts))
     trainer = step_lib.MeshTrainer(model, mesh, plan)
-    host_g, _ = train_lib.build_networks(config, source.shape, model.num_classes)
+    host_g, _ = build.build_networks(config, source.shape, model.num_classes)
     view = step_lib.HostView(trainer, host_g)
-    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
-                                seed=config.seed, start_batch=start * t.d_steps)
     score = None
     if config.get("eval") is not None and config.eval.every > 0:
-        score = train_lib.make_scorer(config, view, source, strategy, chief=chief)
+        score = prepare.make_scorer(config, view, source, strategy, chief=chief)
     # --- nothing above wrote to the workdir -------------------------------------------
     split = sum(any(spec) for spec in plan.values())
     logging.info("%s at step %d of %d; mesh batch:%d,model:%d (%s, %d process%s), %d of "
@@ -154,12 +149,12 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     if start >= t.num_steps:
         logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
         return trainer
-    cbs = callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, score)
+    cbs = callbacks_for(config, source, mesh, p.checkpoint, workdir, start, verbose, score)
     for cb in cbs:
         cb.set_model(view)
     for cb in cbs:
         cb.on_train_begin()
-    batches = iter(dataset)
+    batches = iter(p.dataset)
     # One GAN step per iteration (d_steps global batches); the callbacks see each step,
     # as Keras' fit with one step per call.
     while trainer.step < t.num_steps and not view.stop_training:

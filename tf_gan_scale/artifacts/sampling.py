@@ -6,7 +6,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tf_gan_scale import errors, gan, images, latents, train_lib
+from tf_gan_scale import errors, images, latents, training
+from tf_gan_scale.architectures.calls import generate
 
 
 def load_generator(workdir, checkpoint=None, ema=True):
@@ -17,14 +18,14 @@ def load_generator(workdir, checkpoint=None, ema=True):
     gives its EMA generator, the one to sample and score; ema=False the raw one.
     The generator's `num_classes` attribute is the number of classes it is conditioned
     on (0: unconditional)."""
-    config, data_shape, classes = train_lib.load_run(workdir)
-    generator, _ = train_lib.build_networks(config, data_shape, classes)
+    config, data_shape, classes = training.load_run(workdir)
+    generator, _ = training.build_networks(config, data_shape, classes)
     generator.num_classes = classes
     use_ema = ema and (config.train.get("ema") or {}).get("decay", 0.0) > 0
     ckpt_dir = os.path.join(workdir, "checkpoints")
     ckpt = (tf.train.Checkpoint(ema_generator=generator) if use_ema
             else tf.train.Checkpoint(generator=generator))
-    path = train_lib.restore(ckpt_dir, ckpt, path=checkpoint)
+    path = training.restore(ckpt_dir, ckpt, path=checkpoint)
     if path is None:
         raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
     step = int(re.search(r"ckpt-(\d+)$", path).group(1))
@@ -60,7 +61,7 @@ def from_workdir(workdir, num_samples, seed, batch_size=256, *, class_id=None,
     generator, latent_dim, step, path = load_generator(workdir, ema=ema)
     labels, cols = labels_for(generator, num_samples, class_id)
     z = latents.fixed(seed, num_samples, latent_dim, truncation)
-    samples = gan.generate(generator, z, batch_size, labels).numpy()
+    samples = generate(generator, z, batch_size, labels).numpy()
     return samples, step, path, cols
 
 

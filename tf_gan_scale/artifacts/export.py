@@ -20,7 +20,8 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_gan_scale import errors, sampling
+from tf_gan_scale import errors
+from tf_gan_scale.artifacts import sampling
 
 SIGNATURE = "serving_default"
 OUTPUT_KEY = "images"

@@ -6,7 +6,7 @@
 Names (`--strategy`):
   auto                   multi_worker_mirrored when the environment describes a cluster of
                          more than one task (TF_CONFIG, or a Slurm step: then with the slurm
-                         resolver; see cluster_from_env), else mirrored when more than one
+                         resolver; see cluster.env.cluster_from_env), else mirrored when more than one
                          local device (GPUs or logical CPUs), else one_device.
   one_device             the first GPU, else CPU:0. Refused inside a multi-task cluster.
   mirrored               all (or --num_gpus) local GPUs, else all logical CPU devices.
@@ -24,7 +24,6 @@ pipeline keep their own first line).
 """
 
 import contextlib
-import json
 import os
 import re
 import socket
@@ -32,6 +31,7 @@ import socket
 import tensorflow as tf
 
 from tf_gan_scale import errors
+from tf_gan_scale.cluster import env as cluster_env
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
@@ -79,66 +79,6 @@ def _local_devices(num_gpus=None):
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def _check_tf_config(env=None):
-    """Validates TF_CONFIG for multi-worker runs; returns the parsed dict (or None)."""
-    raw = (os.environ if env is None else env).get("TF_CONFIG")
-    if not raw:
-        return None
-    try:
-        cfg = json.loads(raw)
-        cluster, task = cfg["cluster"], cfg["task"]
-        members = cluster[task["type"]]
-        if not 0 <= int(task["index"]) < len(members):
-            raise IndexError(task["index"])
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise errors.ConfigError(
-            f"bad TF_CONFIG {raw!r} ({type(e).__name__}: {e}); expected "
-            f'{{"cluster": {{"worker": ["host:port", ...]}}, '
-            f'"task": {{"type": "worker", "index": I}}}}') from None
-    return cfg
-
-
-def _tf_config_tasks(env):
-    """Number of tasks in TF_CONFIG's cluster (0 when TF_CONFIG is unset)."""
-    cfg = _check_tf_config(env)
-    return sum(len(members) for members in cfg["cluster"].values()) if cfg else 0
-
-
-def _slurm_step_tasks(env):
-    """Number of tasks of the Slurm job step this process is one of (0 outside a step).
-
-    Only the STEP variables count: the batch script itself (sbatch, no srun) also has
-    SLURM_PROCID=0 and the job's SLURM_TASKS_PER_NODE, but it is a single process.
-    """
-    per_node = env.get("SLURM_STEP_TASKS_PER_NODE")
-    if not env.get("SLURM_PROCID") or not per_node:
-        return 0
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as scr
-    try:
-        return sum(scr.expand_tasks_per_node(per_node))
-    except ValueError:
-        raise errors.ConfigError(f"bad SLURM_STEP_TASKS_PER_NODE={per_node!r}; expected "
-                                 f"e.g. '2(x2)' or '1,2'") from None
-
-
-def cluster_from_env(env=None):
-    """The multi-worker cluster the environment describes, without touching TensorFlow.
-
-    Returns:
-        (num_tasks, resolver name): (N, "tf_config") when TF_CONFIG's cluster has N > 1
-        tasks, else (N, "slurm") when this is one of N > 1 tasks of a Slurm job step
-        (SLURM_PROCID and SLURM_STEP_TASKS_PER_NODE), else (1, None).
-    """
-    env = os.environ if env is None else env
-    num = _tf_config_tasks(env)
-    if num > 1:
-        return num, "tf_config"
-    num = _slurm_step_tasks(env)
-    if num > 1:
-        return num, "slurm"
-    return 1, None
-
-
 def choose_strategy(name, cluster_resolver="tf_config", env=None):
     """The (strategy, cluster resolver) names to create for `--strategy=name`.
 
@@ -148,7 +88,7 @@ def choose_strategy(name, cluster_resolver="tf_config", env=None):
     single-process strategies raise ConfigError: every task would train alone on its own
     data and write the same workdir. Otherwise the names are returned unchanged.
     """
-    num_tasks, source = cluster_from_env(env)
+    num_tasks, source = cluster_env.cluster_from_env(env)
     if source is None:
         return name, cluster_resolver
     env = os.environ if env is None else env
@@ -197,6 +137,16 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
     return _tpu_strategy(tpu)
 
 
+def slurm_resolver(environ, *, num_gpus):
+    """SimpleClusterResolver for this Slurm task (cluster.env.slurm_cluster: TensorFlow's
+    own SlurmClusterResolver fails on CPU-only nodes); `num_gpus` GPUs on this node (may
+    be 0)."""
+    cluster, rank = cluster_env.slurm_cluster(environ)
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="worker", task_id=rank, rpc_layer="grpc",
+        num_accelerators={"GPU": int(num_gpus)})
+
+
 def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_worker):
     # Physical, not logical, devices: listing logical ones initializes the runtime, after
     # which collective ops can no longer be configured.
@@ -207,10 +157,9 @@ def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_w
         raise errors.ConfigError("--collective=nccl needs GPUs and this worker has none; "
                                  "valid here: auto, ring")
     if resolver_name == "slurm":
-        from tf_gan_scale import clusters
-        resolver = clusters.slurm_resolver(os.environ, num_gpus=num_gpus)
+        resolver = slurm_resolver(os.environ, num_gpus=num_gpus)
     else:
-        _check_tf_config()
+        cluster_env.check_tf_config()
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     spec = resolver.cluster_spec()
     # Without a cluster (no TF_CONFIG) MWMS runs as one worker: all local devices.

@@ -18,7 +18,6 @@ Only processes started here (and their process groups) are ever signalled.
 This module does not import TensorFlow.
 """
 
-import json
 import os
 import shutil
 import signal
@@ -27,6 +26,9 @@ import subprocess
 import sys
 import threading
 import time
+
+from tf_gan_scale.cluster import env as cluster_env
+from tf_gan_scale.cluster import mesh_spec
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped after saving; restart me".
 
@@ -41,12 +43,6 @@ def free_ports(n, host="127.0.0.1"):
     finally:
         for s in socks:
             s.close()
-
-
-def tf_config(cluster_hosts, index):
-    """TF_CONFIG JSON for task `index` of a worker-only cluster ["host:port", ...]."""
-    return json.dumps({"cluster": {"worker": list(cluster_hosts)},
-                       "task": {"type": "worker", "index": int(index)}})
 
 
 def num_local_gpus():
@@ -82,10 +78,9 @@ def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.
                          f"{devices_per_worker} needs {num_workers * devices_per_worker} "
                          f"GPUs; this machine has {num_gpus}")
     if mesh is not None:
-        from tf_gan_scale.parallel import mesh as mesh_lib  # No TensorFlow import.
         if any(a.startswith("--mesh") for a in cmd):
             raise ValueError(f"--mesh={mesh} and a --mesh in the command; give it once")
-        mesh_lib.check(mesh_lib.parse(mesh), num_workers * devices_per_worker,
+        mesh_spec.check(mesh_spec.parse(mesh), num_workers * devices_per_worker,
                        f"devices ({num_workers} workers x {devices_per_worker})")
     ports = ports or free_ports(num_workers, host)
     hosts = [f"{host}:{p}" for p in ports]
@@ -95,9 +90,9 @@ def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.
     out = []
     for i in range(num_workers):
         if mesh is None:
-            env, argv = {"TF_CONFIG": tf_config(hosts, i)}, list(cmd)
+            env, argv = {"TF_CONFIG": cluster_env.tf_config(hosts, i)}, list(cmd)
         else:
-            env, argv = mesh_lib.client_env(hosts, i), list(cmd) + [f"--mesh={mesh}"]
+            env, argv = cluster_env.client_env(hosts, i), list(cmd) + [f"--mesh={mesh}"]
         if num_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 gpu_ids[i * devices_per_worker:(i + 1) * devices_per_worker])

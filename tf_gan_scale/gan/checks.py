@@ -5,6 +5,8 @@ the replicas) or right after the step, before any callback (non-finite state).""
 import keras
 import tensorflow as tf
 
+from tf_gan_scale.architectures.calls import is_conditional
+
 UNEVEN_TAG = "tf_gan_scale: uneven batch split"  # Marks the pre-step assertion's message.
 
 
@@ -37,7 +39,7 @@ ACCUMULATION_TAG = "tf_gan_scale: accumulation_steps does not divide the per-rep
 
 def assert_accumulation_split(strategy, batches, k):
     """Before a training step: every local replica's rows divide into k micro-batches
-    (`GAN._micro_batches`). Outside the per-replica step, so it also holds when XLA
+    (`GanStep.micro_batches`). Outside the per-replica step, so it also holds when XLA
     compiles that step (XLA drops assertions). Returns the assertion ops."""
     if k == 1:
         return []
@@ -59,12 +61,6 @@ def uneven_message(strategy, when):
             f"by a wrong global batch size; batch with a global batch size divisible by "
             f"{n} and drop_remainder=True (NumPy input: a batch_size divisible by {n} and "
             f"a number of examples divisible by batch_size)")
-
-
-def is_conditional(model):
-    """A conditional network takes two inputs: [z or x, labels int32 [B]] (see
-    `architectures`); every other one takes a single input."""
-    return len(getattr(model, "inputs", None) or ()) == 2
 
 
 def check_networks(generator, discriminator, num_classes=0):

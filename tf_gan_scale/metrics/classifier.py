@@ -36,7 +36,7 @@ import os
 
 import numpy as np
 
-from tf_gan_scale import data, errors, keras_io
+from tf_gan_scale import data, errors, keras_files
 
 DEFAULT_STEPS = 1000
 DEFAULT_BATCH_SIZE = 64
@@ -50,7 +50,7 @@ _LABELLED = ("embedded:digits, tfds:mnist, npz:PATH with an array 'y' or 'labels
 
 def check_output(path):
     """Raises ConfigError unless `path` is a new file name ending in .keras."""
-    keras_io.check_new(path)
+    keras_files.check_new(path)
 
 
 def _check_args(steps, held_out_fraction, batch_size):
@@ -209,8 +209,8 @@ def fit(source, *, steps=DEFAULT_STEPS, held_out_fraction=DEFAULT_HELD_OUT_FRACT
 
 def save(model, output):
     """Writes `model` to the new file `output` (.keras) without ever overwriting one
-    (`keras_io.save_new`)."""
-    keras_io.save_new(model, output)
+    (`keras_files.save_new`)."""
+    keras_files.save_new(model, output)
 
 
 def train(source_spec, output, *, steps=DEFAULT_STEPS,

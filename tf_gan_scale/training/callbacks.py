@@ -1,7 +1,8 @@
 """Keras callbacks for GAN training: checkpoints, sample grids, TensorBoard, stopping.
 
 All of them read the step from `model.step` (the generator optimizer's iteration count),
-so they agree with the checkpoint numbering after a resume.
+so they agree with the checkpoint numbering after a resume. What they read of the model
+is `TrainedModel`: `gan.GAN` offers it, and so does a mesh run's `parallel.step.HostView`.
 """
 
 import json
@@ -11,6 +12,8 @@ import signal
 import sys
 import tempfile
 import time
+import typing
+from typing import Any
 
 import keras
 import numpy as np
@@ -18,14 +21,33 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import images, latents
-from tf_gan_scale.launch import PREEMPTED_EXIT_CODE
+from tf_gan_scale.cluster.launch import PREEMPTED_EXIT_CODE
+from tf_gan_scale.metrics import scoring
+
+
+class TrainedModel(typing.Protocol):
+    """What the callbacks (and `prepare.make_scorer`) read of the model they watch."""
+
+    latent_dim: int
+    num_classes: int        # 0 when unconditional.
+    stop_training: bool     # Set by StopAtStep (and Keras' EarlyStopping).
+    g_optimizer: Any        # `.learning_rate`: the next update's (Summaries).
+    d_optimizer: Any
+
+    @property
+    def step(self): ...     # int64 scalar: generator steps taken.
+
+    @property
+    def sampler(self): ...  # The generator to sample and score (EMA if any).
+
+    def generate(self, z, batch_size=256, labels=None): ...  # [N, latent_dim] -> images
 
 
 def _step(model):
     return int(model.step.numpy())
 
 
-class _Every(keras.callbacks.Callback):
+class Every(keras.callbacks.Callback):
     """Calls `self.fire(step, logs)` whenever the step crosses a multiple of `every` (also
     with steps_per_execution > 1, when batch-end hooks see only every k-th step), and at
     the end of training if `at_end`; never twice for the same step."""
@@ -58,10 +80,10 @@ class _Every(keras.callbacks.Callback):
         raise NotImplementedError
 
 
-class Evaluate(_Every):
+class Evaluate(Every):
     """Scores the generator every `every` steps and when training ends.
 
-    `score()` returns evaluation.evaluate's dict; it runs collectives, so this callback
+    `score()` returns scoring.evaluate's dict; it runs collectives, so this callback
     runs on EVERY worker. The chief (given `writer` and `path`) writes TensorBoard scalars
     `eval/<metric>` and appends {"step", **scores} as one JSON line to `path`. With
     `best` (a score key) and `best_manager`, a step that beats every earlier one (in this
@@ -82,19 +104,17 @@ class Evaluate(_Every):
     def on_train_begin(self, logs=None):
         # A resumed run continues the comparison with the scores it logged before.
         if self.best and self.history and os.path.isfile(self.history):
-            from tf_gan_scale import evaluation
             with open(self.history) as f:
                 for line in f:
                     value = json.loads(line).get(self.best)
-                    if value is not None and evaluation.better(self.best, value,
+                    if value is not None and scoring.better(self.best, value,
                                                                self._best_value):
                         self._best_value = value
 
     def fire(self, step, logs):
-        from tf_gan_scale import evaluation
         scores = self.score()
-        logging.info("step %d: %s", step, evaluation.format_scores(scores))
-        if self.best and self.best_manager is not None and evaluation.better(
+        logging.info("step %d: %s", step, scoring.format_scores(scores))
+        if self.best and self.best_manager is not None and scoring.better(
                 self.best, scores[self.best], self._best_value):
             self._best_value = scores[self.best]
             self.best_manager.save(checkpoint_number=step)
@@ -123,7 +143,7 @@ class StopAtStep(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-class Checkpoint(_Every):
+class Checkpoint(Every):
     """Saves a `tf.train.CheckpointManager` every `every` steps and when training ends.
 
     Checkpoints are numbered by step (`ckpt-STEP`); the manager updates its index file
@@ -201,7 +221,7 @@ class Preemption(keras.callbacks.Callback):
             self._sigterm = None
 
 
-class Samples(_Every):
+class Samples(Every):
     """Writes `samples/step_XXXXXXX.png` (grid or 2D scatter) from fixed latents, of the
     EMA generator if any (`GAN.sampler`); a conditional model's grid has a class per row.
 
@@ -235,7 +255,7 @@ class Samples(_Every):
                 tf.summary.image("samples", picture[None], step=step)
 
 
-class Summaries(_Every):
+class Summaries(Every):
     """TensorBoard every `every` steps: the logs (losses, global gradient norms), both
     learning rates, steps/sec, images/sec (global); and at the start a grid of `real`
     images (the same view as the sample grids), if given."""

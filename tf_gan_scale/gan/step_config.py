@@ -1,0 +1,175 @@
+"""StepConfig: every knob of the GAN step, validated once.
+
+    config = StepConfig(loss="hinge", d_steps=2, penalty="r1", penalty_weight=0.5)
+    config.validate(discriminator=d, num_replicas=2)   # ConfigError naming config.train.<key>
+
+`GAN.compile(**knobs)` builds one from its keyword arguments and the training binary from
+`config.train` (`from_train`): the field names ARE the config.train keys, so an error
+names the key a user sets in either place. `to_config` / `from_config` are what a `.keras`
+file's compile config holds.
+
+Each field's metadata says which engines run it (`ENGINES`: "replicas" for tf.distribute
+strategies and one device, "placement" for G and D on two devices, "mesh" for a DTensor
+mesh); `unsupported(engine)` lists the knobs that are on and that an engine cannot run,
+from which the engines derive their refusals.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+
+from tf_gan_scale import errors
+from tf_gan_scale.gan import augment as augment_lib
+from tf_gan_scale.gan import checks, losses, penalties
+
+ENGINES = ("replicas", "placement", "mesh")
+JIT_CHOICES = ("auto", "true", "false")
+
+
+def _knob(default, *, engines=ENGINES, doc):
+    return dataclasses.field(default=default, metadata={"engines": engines, "doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The step's knobs (GAN.compile's keyword arguments besides the optimizers)."""
+
+    loss: Any = _knob("hinge", doc="a name in losses.LOSSES or a callable with its contract")
+    d_steps: int = _knob(1, doc="D updates, each on its own real batch, per G update")
+    # Before the other knobs the mesh refuses: its message lists them in this order.
+    jit_compile: Any = _knob(False, engines=("replicas",),
+                             doc="compile the per-replica step with XLA: a bool or "
+                                 "auto | true | false (auto: off)")
+    accumulation_steps: int = _knob(1, engines=("replicas", "placement"),
+                                    doc="K micro-batches per update, one all-reduce")
+    penalty: Any = _knob("none", engines=("replicas", "placement"),
+                         doc="a name in penalties.PENALTIES or a callable")
+    penalty_weight: float = _knob(0.0, doc="weight of the per-example penalty in D's loss")
+    penalty_every: int = _knob(1, doc="lazy regularization: the penalty every k-th D "
+                                      "update, weight x k (a D without batch norm)")
+    lecam_weight: float = _knob(0.0, engines=("replicas", "placement"),
+                                doc="LeCam regularization (Tseng et al. 2021)")
+    lecam_decay: float = _knob(0.99, doc="decay of LeCam's EMA anchors")
+    augment: str = _knob("", doc="DiffAugment policy, e.g. color,translation,cutout")
+    label_smoothing: float = _knob(0.0, doc="one-sided: D's real target is 1 - s "
+                                            "(cross-entropy losses)")
+    instance_noise: float = _knob(0.0, doc="std of Gaussian noise on every D input")
+    instance_noise_steps: int = _knob(0, doc="anneal instance noise to 0 over this many "
+                                             "G steps (0: constant)")
+    ortho_weight: float = _knob(0.0, doc="BigGAN's orthogonal regularization of G")
+    grad_pack_bytes: int = _knob(0, doc="all-reduce gradients in packs of this size, "
+                                        "last layers first (0: one all-reduce)")
+
+    @classmethod
+    def names(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_train(cls, train):
+        """The knobs config.train sets (its other keys are not the step's)."""
+        return cls(**{k: train[k] for k in cls.names() if k in train})
+
+    # ---- validation --------------------------------------------------------------------
+
+    def validate(self, *, discriminator=None, num_replicas=1, tpu=False):
+        """Raises ConfigError (one line naming config.train.<key>, the value and what is
+        valid) for the first bad knob. With `discriminator`, also the knobs it cannot run
+        (lazy regularization needs a D without batch norm); with `num_replicas`, XLA on
+        several replicas (a TPUStrategy compiles every step anyway)."""
+        losses.get(self.loss)
+        penalties.get(self.penalty)
+        for key, low in (("d_steps", 1), ("accumulation_steps", 1), ("penalty_every", 1),
+                         ("instance_noise_steps", 0), ("grad_pack_bytes", 0)):
+            value = getattr(self, key)
+            if not errors.is_int(value) or value < low:
+                raise _bad(key, value, f"an integer >= {low}")
+        for key in ("penalty_weight", "instance_noise", "lecam_weight", "ortho_weight"):
+            value = getattr(self, key)
+            if not (errors.is_real(value) and math.isfinite(value) and value >= 0):
+                raise _bad(key, value, "a finite number >= 0")
+        for key in ("label_smoothing", "lecam_decay"):
+            value = getattr(self, key)
+            if not (errors.is_real(value) and 0.0 <= value < 1.0):
+                raise _bad(key, value, "in [0, 1)")
+        augment_lib.check_policy(self.augment)
+        if self.label_smoothing and saved_name(self.loss, losses.LOSSES) \
+                not in losses.CROSS_ENTROPY:
+            raise errors.ConfigError(
+                f"config.train.label_smoothing needs a cross-entropy loss; Received: "
+                f"config.train.loss={self.loss!r}; valid: {', '.join(losses.CROSS_ENTROPY)}")
+        xla = self.xla  # A bad jit_compile value fails here.
+        if discriminator is not None and self.penalty_every > 1:
+            if checks.has_batch_norm(discriminator):
+                raise errors.ConfigError(
+                    f"config.train.penalty_every={self.penalty_every} (lazy regularization) "
+                    f"needs a discriminator without batch norm (its all-reduces cannot sit "
+                    f"in a conditional branch); valid: penalty_every=1, or d_norm='none'")
+        if xla and num_replicas > 1 and not tpu:
+            raise errors.ConfigError(
+                f"config.train.jit_compile={self.jit_compile!r} needs one replica (XLA "
+                f"cannot compile a step mirrored over {num_replicas} devices); valid: auto, "
+                f"false, or --strategy=one_device")
+
+    @property
+    def xla(self):
+        """jit_compile as a bool ("auto" is off: XLA only where it is known to pay)."""
+        if isinstance(self.jit_compile, bool):
+            return self.jit_compile
+        name = str(self.jit_compile).lower()
+        if name not in JIT_CHOICES:
+            raise errors.ConfigError(f"config.train.jit_compile={self.jit_compile!r}; valid: "
+                                     f"{', '.join(JIT_CHOICES)}")
+        return name == "true"
+
+    def is_on(self, name):
+        """Whether knob `name` changes the step from the plain one."""
+        if name == "jit_compile":
+            return self.xla
+        default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+        return getattr(self, name) != default
+
+    def unsupported(self, engine):
+        """["config.train.<key>=<value>", ...] for the knobs that are on and that
+        `engine` (one of ENGINES) cannot run, in field order."""
+        return [f"config.train.{f.name}={getattr(self, f.name)!r}"
+                for f in dataclasses.fields(self)
+                if engine not in f.metadata["engines"] and self.is_on(f.name)]
+
+    # ---- (de)serialization for .keras files ----------------------------------------------
+
+    def to_config(self):
+        """The knobs as a `.keras` compile config holds them: losses and penalties by
+        registry name (a custom callable must be registered with
+        keras.saving.register_keras_serializable to be reloaded), jit_compile a bool."""
+        out = dataclasses.asdict(self)
+        out["loss"] = saved_name(self.loss, losses.LOSSES)
+        out["penalty"] = saved_name(self.penalty, penalties.PENALTIES)
+        out["jit_compile"] = self.xla
+        return out
+
+    @classmethod
+    def from_config(cls, config):
+        """Inverse of to_config; keys that are not knobs (optimizers...) are ignored."""
+        config = {k: v for k, v in config.items() if k in cls.names()}
+        for name in ("loss", "penalty"):
+            if name in config and not isinstance(config[name], str):
+                config[name] = keras.saving.deserialize_keras_object(config[name])
+        return cls(**config)
+
+
+def saved_name(fn, table):
+    """How a loss or penalty is saved: its registry name when it is one of ours (given by
+    name or as the function), else Keras' serialization (which must be registered: Keras
+    would otherwise resolve an unregistered `hinge` to its own)."""
+    if isinstance(fn, str):
+        return fn
+    for name, known in table.items():
+        if fn is known:
+            return name
+    return keras.saving.serialize_keras_object(fn)
+
+
+def _bad(key, value, valid):
+    return errors.ConfigError(f"config.train.{key} must be {valid}; Received: {value!r}")
