@@ -31,6 +31,7 @@ def __getattr__(name):
     # Lazy, so `from tf_gan_scale import distribute` can configure devices before
     # TensorFlow/Keras models are imported.
     if name == "GAN":
+        # Lazy: `import tf_gan_scale` alone (launchers, Kubernetes tools) loads no TensorFlow.
         from tf_gan_scale.gan.model import GAN
         return GAN
     raise AttributeError(f"module 'tf_gan_scale' has no attribute {name!r}")

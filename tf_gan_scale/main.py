@@ -37,7 +37,10 @@ perf.tune_malloc()  # Before TensorFlow allocates anything; see perf.py.
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+import tensorflow as tf  # noqa: E402
+
 from tf_gan_scale import cli, distribute, errors  # noqa: E402
+from tf_gan_scale.cluster import mesh_spec  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "ml_collections config file, e.g. experiments/digits.py.", lock_config=True)
@@ -93,19 +96,19 @@ def main(argv):
         raise errors.ConfigError(f"--mesh={spec} and --placement={place}: one of them; "
                                  f"valid: a mesh splits weights, a placement whole networks")
     if spec:  # A DTensor mesh instead of a tf.distribute strategy.
-        from tf_gan_scale.cluster import mesh_spec
+        # Here, not at the top: a strategy run never loads DTensor.
         from tf_gan_scale.parallel import mesh as mesh_lib
         _check_alone("mesh", spec)
         dims = mesh_spec.parse(spec)
         # Like MultiWorkerMirroredStrategy: before any other TensorFlow op. Joins the
         # other DTensor clients when DTENSOR_JOBS, TF_CONFIG or a Slurm step name some.
         mesh_lib.initialize(FLAGS.num_cpu_devices)
-        from tf_gan_scale.training import mesh_runner
+        from tf_gan_scale.training import mesh_runner  # Keras models: after DTensor starts.
         _train(lambda: mesh_runner.run(config, FLAGS.workdir, dims,
                                     tfds_data_dir=FLAGS.tfds_data_dir), mesh_lib.cluster())
         return
     if place:  # G and D on two devices of this process, under no strategy.
-        from tf_gan_scale.parallel import placement
+        from tf_gan_scale.parallel import placement  # Keras models: after flags are read.
         _check_alone("placement", place)
         placement.check(place, 1, False)  # Bad specs first; the rest in training.validate.
         num_tasks, _ = distribute.cluster_from_env()
@@ -115,7 +118,6 @@ def main(argv):
                                      f"valid: one process, or --mesh / a strategy")
     distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
     if place:
-        import tensorflow as tf
         strategy = tf.distribute.get_strategy()  # The default one: nothing mirrored.
     else:
         # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
@@ -131,7 +133,6 @@ def main(argv):
 def _train(train, strategy):
     """Runs train(); a lost peer or another unavailable / aborted / deadline error exits 1
     with one line (`strategy`: what names the peers, see distribute.abort_message)."""
-    import tensorflow as tf
     try:
         _stop_on_non_finite(train)
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -144,7 +145,6 @@ def _train(train, strategy):
 
 def _stop_on_non_finite(train):
     """Runs train(); a NaN / inf loss or gradient exits 1 with one line."""
-    import tensorflow as tf
     try:
         train()
     except errors.NonFiniteError as e:

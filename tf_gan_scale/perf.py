@@ -53,6 +53,7 @@ def time_input_pipeline(iterator, strategy, *, batches_per_call, warmup_calls=2,
     Returns:
         {"batches": int, "seconds": float, "batches_per_sec": float}, timed part only.
     """
+    # Not at the top: main.py imports this module to tune malloc BEFORE TensorFlow loads.
     import tensorflow as tf
 
     def touch(batch):

@@ -78,7 +78,7 @@ def read_scalars(workdir):
     and text summaries are skipped. A truncated or corrupt event file (a killed run) keeps
     the records before the damage, with a warning.
     """
-    import tensorflow as tf
+    import tensorflow as tf  # Only to read event files: metrics.jsonl alone needs none.
     logs = os.path.join(workdir, "logs")
     table = {}
     for path in _event_files(workdir):
@@ -221,6 +221,7 @@ def _scalar_panels(scalars, skip_eval):
 def _draw(panels, output):
     """Draws the panels in 2 columns with the Agg canvas (no display) into a PNG, written
     to a temporary file next to `output` and renamed over it."""
+    # matplotlib (~0.5 s to import) only when a figure is drawn.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     cols = 1 if len(panels) == 1 else 2

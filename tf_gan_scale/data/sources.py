@@ -309,7 +309,7 @@ def _to_channels(img, channels):
 
 def _folder(path, tfds_data_dir=None):
     del tfds_data_dir
-    from PIL import Image
+    from PIL import Image  # Only image folders need Pillow.
     if not os.path.isdir(path):
         raise errors.ConfigError(f"image folder not found: {path!r}")
     files, labels, num_classes = _folder_files(path)

@@ -29,6 +29,10 @@ import re
 import socket
 
 import tensorflow as tf
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context
 
 from tf_gan_scale import errors
 from tf_gan_scale.cluster import env as cluster_env
@@ -181,9 +185,6 @@ def _configure_failure_detection(spec, peer_timeout_s):
     """
     if peer_timeout_s <= 0:
         raise errors.ConfigError(f"--peer_timeout_s must be > 0; Received: {peer_timeout_s}")
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
     jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
             for job in ("chief", "worker") if job in spec.jobs]
     context.context().configure_coordination_service(
@@ -204,7 +205,6 @@ def _cpu_replicas_per_worker(num):
     if num <= 1:
         yield
         return
-    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
     ext = cars.CollectiveAllReduceExtended
     original = ext._initialize_local_devices
 

@@ -34,7 +34,9 @@ keras.utils.set_random_seed(seed) and the seeded shuffles.
 
 import os
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tf_gan_scale import data, errors, keras_files
 
@@ -81,7 +83,6 @@ def held_out_mask(num_examples, held_out_fraction, seed):
     Example i is held out iff its place in a stateless random permutation of [0, N) keyed
     by the seed is below the count, so the count is exact and the split never changes.
     """
-    import tensorflow as tf
     n = int(num_examples)
     k = int(round(held_out_fraction * n))
     if not 0 < k < n:
@@ -104,7 +105,6 @@ def build(shape, num_classes):
         An uncompiled functional keras.Model; `layers[-2]` ("features") is the feature
         layer, `layers[-1]` ("probs") the softmax.
     """
-    import keras
     filters, side = [32, 64], min(shape[:2]) // 4
     while side > 7:  # Larger images: more blocks, so the feature layer stays small.
         filters.append(64)
@@ -128,7 +128,6 @@ def build(shape, num_classes):
 def _batches_where(source, mask, batch_size=1024):
     """Yields (x float32 [b, *shape] in [-1, 1], labels int32 [b]) of the examples where
     mask, in order, a batch at a time (a streamed source is never held in memory)."""
-    import tensorflow as tf
     if source.arrays is not None:
         index = np.flatnonzero(mask)
         for i in range(0, len(index), batch_size):
@@ -142,7 +141,6 @@ def _batches_where(source, mask, batch_size=1024):
 
 def _stream_where(source, mask):
     """The streamed examples whose position i has mask[i]."""
-    import tensorflow as tf
     keep = tf.constant(np.append(mask, False))  # Positions past N (none expected): out.
     last = len(mask)
     return (source.stream.enumerate()
@@ -152,7 +150,6 @@ def _stream_where(source, mask):
 
 def _train_dataset(source, train_mask, batch_size, seed):
     """Endless batches (x, label) of the training examples, in a seeded order."""
-    import tensorflow as tf
     if source.arrays is not None:  # Full shuffle: folders are stored sorted by class.
         ds = tf.data.Dataset.from_tensor_slices(
             (source.arrays["x"][train_mask], source.arrays["label"][train_mask]))
@@ -190,7 +187,6 @@ def fit(source, *, steps=DEFAULT_STEPS, held_out_fraction=DEFAULT_HELD_OUT_FRACT
     Raises:
         ConfigError: an unlabelled or non-image source, or bad steps / fraction / batch.
     """
-    import keras
     _check_args(steps, held_out_fraction, batch_size)
     _check_source(source)
     held_out = held_out_mask(source.num_examples, held_out_fraction, seed)
