@@ -3,7 +3,8 @@
     # 8 GPUs, one machine:
     python -m tf_gan_scale.main --config=experiments/biggan_imagenet128.py \
         --workdir=gs://BUCKET/biggan128 --strategy=mirrored
-    # A TPU pod slice (128 cores), or workers via TF_CONFIG / Slurm / Kubernetes (README):
+    # A TPU pod slice (128 cores), or workers via TF_CONFIG / Slurm / Kubernetes
+    # (docs/multi_worker.md):
     python -m tf_gan_scale.main --config=experiments/biggan_imagenet128.py \
         --workdir=gs://BUCKET/biggan128 --strategy=tpu --tpu=NAME
 

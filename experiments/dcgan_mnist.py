@@ -5,7 +5,7 @@
 The model is the tutorial's, layer for layer (architectures/dcgan.py), with its optimizers
 (Adam 1e-4), loss (non-saturating cross-entropy) and batch (256); the tutorial trains 50
 epochs = 11,700 steps. Data: tfds:mnist (downloaded once by TFDS, or --tfds_data_dir).
-Hardware and cost: 0.76-0.78 s per step on 2 CPU cores (README benchmark, measured on
+Hardware and cost: 0.76-0.78 s per step on 2 CPU cores (docs/performance.md, measured on
 random data of MNIST's shape, 2026-11-30), so ~2.5 hours; a GPU is the place for it (not
 measured on a GPU). Expected, as in the
 tutorial: clean digits in samples/ by the end.

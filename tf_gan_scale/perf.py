@@ -2,9 +2,8 @@
 
 glibc malloc serves large blocks (activations of a few MB) with mmap and returns freed
 memory to the OS; TensorFlow on CPU then pays page faults to re-zero the same memory at
-every step. Measured on this project's 2-core CI machine with the tutorial DCGAN at global
-batch 256 (tools/benchmark.py): under a tf.distribute strategy, system time rose from
-3 s to 32-37 s per ~90 s run and steps were ~50% slower. Keeping freed memory in the heap
+every step (what that cost when it was measured: docs/performance.md). Keeping freed
+memory in the heap
 (as `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` would) removes it. The cost: the
 process keeps its peak heap instead of shrinking after it.
 

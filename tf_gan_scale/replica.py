@@ -72,7 +72,7 @@ def global_rows(per_replica_batch):
     worker that is chunk r for replica r; with 2 workers x 2 replicas, worker 0's
     replicas hold rows [0:B] and [2B:3B]. Latents, penalty noise and dropout masks use
     these indices, so the example paired with row i of the real batch is the one a
-    single device pairs with it (tests/test_equivalence.py checks it with 2 workers x 2
+    single device pairs with it (tests/integration/test_equivalence.py checks it with 2 workers x 2
     replicas against the pipeline's real rows).
     """
     workers, local = _layout()
@@ -91,7 +91,7 @@ def global_rows_uneven(per_replica_batch):
     Returns (rows [per_replica_batch] int32, global batch: int32 scalar, the same on
     every replica). For evaluation, not for the training step: there batches split
     evenly (checked) and `global_rows` needs no collective. Checked against the
-    pipeline's real rows on one worker (tests/test_gan.py); for several workers the
+    pipeline's real rows on one worker (tests/gan/test_gan.py); for several workers the
     chunk order of a partial batch follows TensorFlow's rebatching (by reading, untested).
     """
     b = tf.cast(per_replica_batch, tf.int32)
@@ -117,7 +117,7 @@ def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0)
     Keras' TensorFlow optimizers would all-reduce inside `apply`, but only after their
     clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) and, for `LossScaleOptimizer`,
     after its inf/NaN check, so both acted on one replica's local gradients (see
-    KERAS3_DISTRIBUTE_NOTES). Reducing first makes clipping and overflow checks see the
+    docs/notes/keras3_distribute.md). Reducing first makes clipping and overflow checks see the
     same global gradients on every replica, as on one device; the optimizer's own
     all-reduce is switched off for this call (the gradients already are the sums). The
     riders (this replica's loss share, its example count) are summed in the same

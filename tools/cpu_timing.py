@@ -12,7 +12,7 @@ _DIR = os.environ.get("CPU_TIMING_DIR", "/tmp/cpu_timing")
 def _cpu(who):
     r = resource.getrusage(who)
     cpu = r.ru_utime + r.ru_stime
-    zygotes = os.environ.get("TF_GAN_SCALE_WARM_ZYGOTE_PIDS")  # tests/warm_start.py
+    zygotes = os.environ.get("TF_GAN_SCALE_WARM_ZYGOTE_PIDS")  # tests/helpers/warm_start.py
     for pid in (zygotes.split(",") if who == resource.RUSAGE_CHILDREN and zygotes else ()):
         try:  # The processes it forked for this test run under it, not under pytest:
             with open(f"/proc/{pid}/stat") as f:  # its waited-for children's CPU.

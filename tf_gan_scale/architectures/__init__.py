@@ -23,7 +23,6 @@ is silently dropped.
 """
 
 import inspect
-import numbers
 
 from tf_gan_scale import errors
 from tf_gan_scale.architectures import biggan, dcgan, mlp, resnet
@@ -61,8 +60,7 @@ def build(name, *, data_shape, latent_dim, num_classes=0, **kwargs):
             raise errors.ConfigError(
                 f"unknown option {key!r} for architecture {name!r}; valid: {', '.join(valid)}")
     num_classes = 0 if num_classes is None else num_classes
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) \
-            or num_classes < 0:
+    if not errors.is_int(num_classes) or num_classes < 0:
         raise errors.ConfigError(f"num_classes must be an int >= 0; "
                                  f"Received: num_classes={num_classes!r}")
     num_classes = int(num_classes)

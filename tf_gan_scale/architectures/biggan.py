@@ -67,7 +67,6 @@ builds reproducible.
 """
 
 import math
-import numbers
 
 import keras
 
@@ -158,10 +157,6 @@ def _chunk_sizes(total, parts):
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _multipliers(name, value):
     try:
         value = tuple(int(v) for v in value)
@@ -232,14 +227,14 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
         >>> x = g([z, labels]); logits = d([x, labels])
     """
     data_shape = tuple(data_shape)
-    if not _is_int(num_classes) or num_classes < 0:
+    if not errors.is_int(num_classes) or num_classes < 0:
         raise errors.ConfigError(f"biggan num_classes must be an int >= 0; "
                                  f"Received: num_classes={num_classes!r}")
     num_classes = int(num_classes)
     errors.choose("biggan init", init, {i: i for i in INITS})
     for key, value in (("ch", ch), ("shared_dim", shared_dim), ("bottom_width", bottom_width),
                        ("power_iterations", power_iterations), ("latent_dim", latent_dim)):
-        if value is not None and (not _is_int(value) or value < 1):
+        if value is not None and (not errors.is_int(value) or value < 1):
             raise errors.ConfigError(f"biggan {key} must be an int >= 1; "
                                      f"Received: {key}={value!r}")
     if g_channels is not None:
@@ -263,7 +258,7 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
         # Down to the bottom width (log2(res / bottom_width) halvings).
         d_downsample = min(preset["d_downsample"] if preset else
                            (res // bottom_width).bit_length() - 1, len(d_channels))
-    if not _is_int(d_downsample) or not 0 <= d_downsample <= max_down:
+    if not errors.is_int(d_downsample) or not 0 <= d_downsample <= max_down:
         raise errors.ConfigError(f"biggan d_downsample must be in [0, {max_down}] (D blocks, "
                                  f"halvings of {res}); Received: d_downsample={d_downsample!r}")
     if ch is None:

@@ -21,11 +21,8 @@ Distributed behaviour (one device = N replicas):
     right under replicas: its power-iteration vector `vector_u` is a non-trainable
     variable (in `non_trainable_weights`, so checkpoints and `.weights.h5` hold it), and
     the training-mode update reads only the kernel and `u`, never the batch, so every
-    replica computes bit-identical `u` and kernel. Measured (2 logical CPUs,
-    MirroredStrategy vs one device, 5 training calls of a wrapped Conv2D inside
-    `strategy.run`): outputs, `u` and kernel differ by exactly 0.0, also between the two
-    replicas; a GAN trained with it matches one device to float32 rounding
-    (tests/test_resnet.py).
+    replica computes bit-identical `u` and kernel; a GAN trained with it matches one
+    device to float32 rounding (tests/architectures/test_resnet.py).
   * Keras' layer is a weight PROJECTION, not the paper's reparametrization: each
     training-mode call does one power iteration and assigns kernel <- kernel / sigma in
     place, and gradients flow to that normalized kernel without the d(sigma)/dW term

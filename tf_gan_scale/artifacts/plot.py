@@ -33,7 +33,6 @@ Panels (2 columns, only those with data):
 import glob
 import json
 import math
-import numbers
 import os
 import tempfile
 
@@ -107,10 +106,6 @@ def read_scalars(workdir):
             for tag, by_step in sorted(table.items())}
 
 
-def _number(x):
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def read_metrics(workdir):
     """The evaluation scores of WORKDIR/metrics.jsonl (or eval.jsonl), in file order.
 
@@ -136,21 +131,21 @@ def read_metrics(workdir):
             if not isinstance(raw, dict):
                 raise errors.ConfigError(f"corrupt {where}: not a JSON object")
             step = raw.get("step")
-            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            if not errors.is_int(step) or step < 0:
                 raise errors.ConfigError(
                     f"corrupt {where}: 'step' must be an integer >= 0; Received: {step!r}")
             n = raw.get("num_samples")
             record = {"step": step, "extractor": str(raw.get("extractor", "unknown extractor")),
-                      "num_samples": n if isinstance(n, int) and not isinstance(n, bool)
+                      "num_samples": n if errors.is_int(n)
                       else None}
             for key, value in raw.items():
                 if key in _META:
                     continue
-                if isinstance(value, dict) and _number(value.get("mean")):
+                if isinstance(value, dict) and errors.is_real(value.get("mean")):
                     record[key] = float(value["mean"])
-                    if _number(value.get("std")):
+                    if errors.is_real(value.get("std")):
                         record[key + "_std"] = float(value["std"])
-                elif _number(value):
+                elif errors.is_real(value):
                     record[key] = float(value)
             records.append(record)
     return records

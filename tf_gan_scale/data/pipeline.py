@@ -29,7 +29,7 @@ def _indexed(source, global_batch_size, seed, start_example, repeat):
         # per 256-row batch, more than a small GAN's step). The raw op takes [GB, 3]
         # seeds; the wrapper pads its [2] seed with this constant in front (and pads a
         # matrix seed along the wrong axis), so it is called directly: the permutation
-        # is bit-identical to the per-element one (tests/test_data.py checks it).
+        # is bit-identical to the per-element one (tests/data/test_data.py checks it).
         rows = tf.shape(i, out_type=tf.int64)
         key = tf.stack([tf.fill(rows, tf.constant(_INDEX_SHUFFLE_PAD, tf.int64)),
                         tf.fill(rows, tf.constant(seed, tf.int64)), i // n], -1)

@@ -43,7 +43,7 @@ def check(decay, start, warmup, num_steps=None, prefix="ema_"):
         raise errors.ConfigError(f"{prefix}decay must be in [0, 1) (0 = no EMA); Received: "
                                  f"{decay!r}")
     for name, value in (("start", start), ("warmup", warmup)):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        if not errors.is_int(value) or value < 0:
             raise errors.ConfigError(f"{prefix}{name} must be an integer >= 0; Received: "
                                      f"{value!r}")
     if decay and num_steps is not None and start >= num_steps:

@@ -275,7 +275,6 @@ class GAN(keras.Model):
         with self.distribute_strategy.scope():
             return super().load_weights(filepath, *args, **kwargs)
 
-    # ---- per-replica step -------------------------------------------------------------
     # ---- the step: GanStep's math, the traced loop of step_function.py ----------------------
 
     @step_function.own_step

@@ -51,7 +51,6 @@ The collective stays ONE per pass, in one of two forms:
     pod scale.
 """
 
-import numbers
 
 import keras
 import tensorflow as tf
@@ -84,7 +83,7 @@ def check_group_size(group_size, num_replicas, name="group_size"):
     """
     if group_size is None:
         group_size = 0
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 0:
+    if not errors.is_int(group_size) or group_size < 0:
         raise errors.ConfigError(f"{name} must be an integer >= 0 (0: all replicas); "
                                  f"Received: {name}={group_size!r}")
     if group_size == 0 or group_size >= num_replicas:
@@ -128,8 +127,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(**kwargs)
         check_group_size(group_size, 1)  # The type and sign; the replicas come later.
         self.group_size = int(group_size or 0)
-        if isinstance(virtual_groups, bool) or not isinstance(virtual_groups, numbers.Integral) \
-                or virtual_groups < 1:
+        if not errors.is_int(virtual_groups) or virtual_groups < 1:
             raise errors.ConfigError(f"virtual_groups must be an integer >= 1; "
                                      f"Received: virtual_groups={virtual_groups!r}")
         self.virtual_groups = int(virtual_groups)

@@ -95,7 +95,7 @@ def frechet_distance(mu1, sigma1, mu2, sigma2):
     ~1e-15 relative on well-conditioned covariances and ~2e-8 on rank-deficient ones,
     where the difference is sqrtm's error: on a rank-deficient closed-form case this
     is exact to 3e-16 and sqrtm to 4e-9, and for identical rank-deficient statistics
-    this gives 2e-13 and sqrtm -1e-5 (tests/test_metrics.py).
+    this gives 2e-13 and sqrtm -1e-5 (tests/metrics/test_metrics.py).
 
     Example:
         >>> frechet_distance(np.zeros(2), np.eye(2), np.ones(2), 4 * np.eye(2))

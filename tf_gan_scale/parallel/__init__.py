@@ -2,7 +2,7 @@
 
 tf.distribute (distribute.py) copies every weight to every replica; here weights themselves
 are split over the mesh's "model" axis while the "batch" axis splits examples. The two
-engines never meet inside one step (MODEL_PARALLEL_NOTES: `strategy.run` cannot touch a
+engines never meet inside one step (docs/notes/dtensor.md: `strategy.run` cannot touch a
 DVariable).
 
   mesh.py     parse and check "batch:B,model:M", build the DTensor mesh

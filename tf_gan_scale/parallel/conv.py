@@ -2,12 +2,12 @@
 
 DTensor runs Keras' Conv2D / Conv2DTranspose only with REPLICATED filters (its SPMD
 expansion of Conv2D and its backprop ops supports batch-split inputs only;
-MODEL_PARALLEL_NOTES). The same convolution written as a sum over the kernel's taps of
+docs/notes/dtensor.md). The same convolution written as a sum over the kernel's taps of
 pad + strided slice + einsum uses only ops DTensor can split, so the kernel may be split
 on its output-channel axis: each device computes out / M channels of every tap, for the
 examples it holds. Kernels keep Keras' shapes and values (a checkpoint is the same), and
 the numbers equal Keras' convolution up to float32 summation order (kh x kw partial sums
-instead of one; tests/test_parallel_layouts.py).
+instead of one; tests/parallel/test_parallel_layouts.py).
 
     y[b, o, p, d] = sum_{i, j, c} x_pad[b, o*s + i, p*s + j, c] * K[i, j, c, d]   (Conv2D)
 

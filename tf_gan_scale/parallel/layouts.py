@@ -226,7 +226,7 @@ def shard(models, mesh, weight_plan):
     """Moves every weight of `models` onto `mesh` with its planned layout, in place.
 
     Each Keras variable keeps its object, path and trainability; its backing tf.Variable
-    becomes a `dtensor.DVariable` (MODEL_PARALLEL_NOTES: Keras 3 ignores `layout=` on
+    becomes a `dtensor.DVariable` (docs/notes/dtensor.md: Keras 3 ignores `layout=` on
     TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs
     and convolution inputs are constrained to split over examples only (CONSTRAIN_OUTPUT,
     CONSTRAIN_INPUT); convolutions with split kernels compute by taps (conv.use_taps).

@@ -1,7 +1,7 @@
 """The GAN step on a DTensor mesh: D and G updates as SEPARATE functions, a read-once
 optimizer, the same losses, latents and batch-norm statistics as one device.
 
-Why it looks like this (MODEL_PARALLEL_NOTES, each trap reproduced there):
+Why it looks like this (docs/notes/dtensor.md):
 - A DTensor program is written for the GLOBAL batch: the step calls the one-device code
   of `gan.GanStep` (`d_grads`, `g_grads`) on all GB rows, with rows 0..GB-1, and DTensor
   runs it SPMD: examples split over the "batch" axis, split weights over "model".

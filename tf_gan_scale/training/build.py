@@ -131,7 +131,7 @@ def steps_per_execution(config, start=0):
     Why: a call returns to Python once per k steps (the default digits step is ~11 ms, and
     each host round trip with its Keras batch hooks costs a part of that), while a callback
     sees only every k-th step: with k dividing every interval, each event still fires at
-    its exact step. The weights do not depend on k (tests/test_gan.py).
+    its exact step. The weights do not depend on k (tests/gan/test_gan.py).
     """
     t = config.train
     if int(t.steps_per_execution):

@@ -1,0 +1,201 @@
+"""Trains every equivalence case under one strategy and saves the weights (a test helper).
+
+    python tests/helpers/equivalence_run.py --strategy=one_device --out=one.npz
+    python tests/helpers/equivalence_run.py --strategy=mirrored --num_cpu_devices=4 --out=m4.npz
+    python tools/launch_local.py --num_workers=2 --devices_per_worker=2 -- \
+        python tests/helpers/equivalence_run.py --strategy=multi_worker_mirrored --out=mw.npz
+
+Each case is a small GAN trained for a few steps from the same seed on the same global
+batches; the chief writes {CASE/VARIABLE: array} for every variable of G and D (weights,
+moving statistics, dropout counters), {CASE/d_loss, CASE/g_loss: per-step global losses},
+`rows` ([replica-batches whose replica.global_rows differ from the rows the input
+pipeline really hands the replica, replica-batches checked], over all workers) and `collectives/CASE` (collective all-reduce ops per replica in the traced step;
+multi-worker only, where all-reduces are collective ops). tests/integration/test_equivalence.py
+compares the files of different topologies.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+from graph_ops import all_reduces_per_replica  # noqa: E402  (tests/ is sys.path[0])
+
+flags.DEFINE_string("strategy", "one_device", "one_device, mirrored, multi_worker_mirrored.")
+flags.DEFINE_integer("num_cpu_devices", None, "Logical CPU devices (replicas per process).")
+flags.DEFINE_string("out", None, "Output .npz (written by the chief).")
+flags.DEFINE_list("cases", None, "Cases to run (default: all).")
+flags.DEFINE_integer("steps", 3, "Generator steps per case.")
+flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads (0: default).")
+flags.DEFINE_bool("scale_error", False, "Inject a bug: losses divided by the LOCAL batch.")
+FLAGS = flags.FLAGS
+
+GLOBAL_BATCH = 16
+SGD = {"name": "sgd", "learning_rate": 0.1}
+
+
+def cases():
+    """{name: (config overrides, data source[, steps])}: one knob each on top of a tiny
+    DCGAN with cross-replica batch norm in G and D, plain SGD, no dropout."""
+    dcgan = {"model.d_norm": "batch", "model.d_dropout": 0.0}
+    return {
+        "sgd": (dcgan, "digits"),
+        "adam": ({**dcgan, "train.g_optimizer": {"name": "adam", "learning_rate": 1e-3},
+                  "train.d_optimizer": {"name": "adam", "learning_rate": 1e-3}}, "digits"),
+        "dropout": ({**dcgan, "model.d_dropout": 0.3}, "digits"),
+        "wgan_gp": ({**dcgan, "train.loss": "wasserstein", "train.penalty": "wgan_gp",
+                     "train.penalty_weight": 10.0}, "digits"),
+        "r1": ({**dcgan, "train.penalty": "r1", "train.penalty_weight": 1.0}, "digits"),
+        "d_steps2": ({**dcgan, "train.d_steps": 2}, "digits"),
+        # D's first batch norm sees activations whose mean is ~1e3x their spread.
+        "large_mean": ({"model.name": "mlp", "model.hidden": (16, 16), "model.g_norm": "batch",
+                        "model.d_norm": "batch",
+                        "train.g_optimizer": {"name": "sgd", "learning_rate": 1e-3},
+                        "train.d_optimizer": {"name": "sgd", "learning_rate": 1e-3}},
+                       "shifted"),
+        "local_bn": ({**dcgan, "model.sync_bn": False}, "digits"),
+        # Issue 10's pieces together, 10 steps: a class-conditional BigGAN (cross-replica
+        # conditional BN, spectral norm in G and D with their u vectors, self-attention,
+        # projection D), EMA generator, DiffAugment, orthogonal regularization, hinge.
+        "biggan": ({"model.name": "biggan", "model.conditional": True, "model.ch": 4,
+                    "model.g_channels": (2, 2), "model.d_channels": (1, 2),
+                    "model.attention": 8, "model.shared_dim": 4, "train.loss": "hinge",
+                    "train.ema": {"decay": 0.9, "start": 2, "warmup": 3},
+                    "train.augment": "color,translation,cutout",
+                    "train.ortho_weight": 1e-3,
+                    "train.g_optimizer": {"name": "sgd", "learning_rate": 0.01},
+                    "train.d_optimizer": {"name": "sgd", "learning_rate": 0.01}},
+                   "digits16", 10),
+        # Gradient accumulation (issue 11): 2 micro-batches per update. Without batch
+        # norm it must equal the unaccumulated "no_bn"; with it, micro-batch j is the
+        # same global rows on every topology (GanStep.micro_batches).
+        "no_bn": ({"model.g_norm": "none"}, "digits"),
+        "accumulate": ({"model.g_norm": "none", "train.accumulation_steps": 2}, "digits"),
+        "accumulate_bn": ({**dcgan, "train.accumulation_steps": 2}, "digits"),
+        # Gradients all-reduced in packs of ~2 KB, last layers first (multi-worker).
+        "packed": ({**dcgan, "train.grad_pack_bytes": 2048}, "digits"),
+        # bfloat16 arithmetic, float32 variables, statistics and outputs (precision.py).
+        "bf16": ({**dcgan, "train.precision": "mixed_bfloat16"}, "digits"),
+        # The D-side stabilizers: LeCam, instance noise, label smoothing, lazy R1.
+        "stabilizers": ({"model.d_dropout": 0.0, "train.lecam_weight": 0.5,
+                         "train.instance_noise": 0.1, "train.instance_noise_steps": 4,
+                         "train.label_smoothing": 0.1, "train.penalty": "r1",
+                         "train.penalty_weight": 1.0, "train.penalty_every": 2}, "digits"),
+    }
+
+
+def make_config(overrides, source):
+    """The config of one case: `overrides` {"section.key": value} on a tiny DCGAN."""
+    import ml_collections
+    from tf_gan_scale import configs
+    c = configs.base().to_dict()
+    c["model"] = dict(name="dcgan", latent_dim=8, d_dropout=0.0, sync_bn=True,
+                      g_norm="batch", d_norm="none", g_channels=(16, 8, 4), d_channels=(4, 8))
+    c["train"].update(global_batch_size=GLOBAL_BATCH, g_optimizer=dict(SGD),
+                      d_optimizer=dict(SGD))
+    c["data"]["source"] = source
+    # Seed 0 puts one of D's pre-activations 2e-8 from LeakyReLU's kink after the first
+    # D update of "sgd": rounding then flips its slope on some topologies and the G
+    # gradient moves by 1% (a property of the point, not of the distributed math).
+    c["seed"] = 1
+    if overrides.get("model.name") in ("mlp", "biggan"):
+        c["model"] = dict(name=overrides["model.name"], latent_dim=8)
+    for key, value in overrides.items():
+        section, leaf = key.split(".")
+        c[section][leaf] = value
+    return ml_collections.ConfigDict(c)
+
+
+def load_source(name):
+    import numpy as np
+    from tf_gan_scale import data
+    if name == "digits":
+        return data.load("embedded:digits")
+    if name == "digits16":  # 16x16 (each pixel 2x2): G's 8x8 block and D's first share 8x8.
+        digits = data.load("embedded:digits").arrays
+        x = np.repeat(np.repeat(digits["x"], 2, axis=1), 2, axis=2)
+        return data.from_arrays("digits16", x, digits["label"])
+    toy = data.load("toy:grid25")  # 2D points in [-4, 4], shifted to a mean of 3,000.
+    return data.from_arrays("shifted", toy.arrays["x"][:4096] + 3000.0,
+                            toy.arrays["label"][:4096])
+
+
+def count_collectives(model, dist_dataset, strategy):
+    """Collective all-reduce ops per replica in one traced GAN step."""
+    graph = model.step_function.get_concrete_function(iter(dist_dataset)).graph
+    return all_reduces_per_replica(graph, strategy)
+
+
+def rows_match_pipeline(strategy):
+    """replica.global_rows against the row ids the input pipeline delivers, on EVERY
+    replica of every worker: [replica-batches whose rows differ, replica-batches checked],
+    summed over the whole cluster (a cross-worker all-reduce: the chief, which writes the
+    file, sees worker 1's replicas too). Checked == 4 x replicas proves none was skipped."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import replica
+    ds = tf.data.Dataset.range(4 * GLOBAL_BATCH).batch(GLOBAL_BATCH, drop_remainder=True)
+    per = GLOBAL_BATCH // strategy.num_replicas_in_sync
+
+    @tf.function
+    def check(x):
+        def one(x):
+            ok = tf.reduce_all(tf.cast(x % GLOBAL_BATCH, tf.int32) == replica.global_rows(per))
+            return tf.stack([1 - tf.cast(ok, tf.int32), 1])
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(one, args=(x,)),
+                               axis=None)
+
+    total = np.zeros(2, np.int64)
+    for batch in strategy.experimental_distribute_dataset(ds):
+        total += check(batch).numpy()
+    return total
+
+
+def main(argv):
+    del argv
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import distribute
+    if FLAGS.intra_op_threads:  # Before the runtime starts.
+        tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
+    distribute.configure_cpu_devices(FLAGS.num_cpu_devices)
+    strategy = distribute.make_strategy(FLAGS.strategy, num_cpu_devices=FLAGS.num_cpu_devices)
+    from tf_gan_scale import data, replica
+    from tf_gan_scale import training
+    if FLAGS.scale_error:
+        replica.global_mean = lambda per_example, global_batch: tf.reduce_mean(per_example)
+    out = {"rows": rows_match_pipeline(strategy),
+           "num_replicas": np.array(strategy.num_replicas_in_sync)}
+    multi_worker = FLAGS.strategy == "multi_worker_mirrored"
+    for name, (overrides, source_name, *steps) in cases().items():
+        if FLAGS.cases and name not in FLAGS.cases:
+            continue
+        config = make_config(overrides, source_name)
+        source = load_source(source_name)
+        with strategy.scope():
+            model = training.build_gan(config, source.shape, source.num_classes)
+        dataset = data.distribute(
+            data.make_dataset(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
+        if multi_worker:
+            model.make_train_function()
+            out[f"collectives/{name}"] = np.array(count_collectives(model, dataset, strategy))
+        history = model.fit(dataset, epochs=steps[0] if steps else FLAGS.steps,
+                            steps_per_epoch=1, verbose=0).history
+        for tag in ("d_loss", "g_loss"):
+            out[f"{name}/{tag}"] = np.array(history[tag])
+        nets = {"generator": model.generator, "discriminator": model.discriminator}
+        if model.ema is not None:
+            nets["ema_generator"] = model.ema.model
+        if getattr(model, "lecam_anchors", None) is not None:
+            out[f"{name}/lecam_anchors"] = model.lecam_anchors.numpy()
+        for label, net in nets.items():
+            for i, v in enumerate(net.weights):  # Same creation order on every topology.
+                out[f"{name}/{label}/{i:03d}"] = np.asarray(v.numpy())
+    if distribute.is_chief(strategy):
+        np.savez(FLAGS.out, **out)
+
+
+if __name__ == "__main__":
+    app.run(main)

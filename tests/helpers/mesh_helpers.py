@@ -1,0 +1,144 @@
+"""One device vs a DTensor mesh: the same GAN, seed and global batches, max weight gap.
+
+Run in-process (the suite's 2 logical CPUs) or as a script for other device counts:
+    python tests/helpers/mesh_helpers.py DEVICES '[[MESH, ARCH, OPTIMIZER, STEPS, CONVS], ...]'
+prints one JSON line per case, {"max_diff": ..., "d_loss": [ref, mesh], ...}: several
+cases in one process (one TensorFlow start), and cases of the same GAN share one
+one-device reference run (`reference`).
+"""
+
+import functools
+import json
+import os
+import sys
+
+GB = 8
+
+
+def config(arch, optimizer, d_steps=1, ema=False):
+    import ml_collections
+    from tf_gan_scale import configs
+    c = configs.base()
+    if arch == "dcgan":  # Batch norm in G and D, dropout 0.3 in D: all on.
+        c.data.source = "embedded:digits"
+        c.model.latent_dim = 8
+        c.model.g_channels, c.model.d_channels, c.model.d_norm = (16, 8, 4), (4, 8), "batch"
+    else:
+        c.data.source = "toy:ring8"
+        c.model = ml_collections.ConfigDict({
+            "name": "mlp", "latent_dim": 4, "hidden": (16, 16), "g_norm": "batch",
+            "d_norm": "batch", "sync_bn": True, "conditional": False})
+    if optimizer == "adam" and arch == "dcgan":
+        # D's second conv has a bias right before a batch norm: its gradient is zero in
+        # exact arithmetic, rounding noise in float32, and Adam turns noise into steps of
+        # +-lr (4e-4 apart after 10 steps, every other weight within 6e-8). Without D's
+        # batch norm (the tutorial's D) every Adam-trained weight is comparable.
+        c.model.d_norm = "none"
+    c.train.global_batch_size = GB
+    c.train.d_steps = d_steps
+    if ema:  # A copy for 2 steps, then the decay ramping up over 3: the whole schedule.
+        c.train.ema.decay, c.train.ema.start, c.train.ema.warmup = 0.8, 2, 3
+    lr = 0.1 if optimizer == "sgd" else 1e-3
+    c.train.d_optimizer = c.train.g_optimizer = {"name": optimizer, "learning_rate": lr}
+    return c
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch, optimizer, steps, d_steps=1, ema=False):
+    """The one-device run (GAN.train_step) of a config: (the trained GAN, the initial
+    weights of [G, D(, EMA G)], the batches it saw: steps x d_steps arrays [GB, *shape],
+    the last step's logs). Cached: mesh cases of the same GAN compare against one run,
+    and none of them changes it (they copy its initial weights)."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import data
+    from tf_gan_scale import training
+    c = config(arch, optimizer, d_steps, ema)
+    source = data.load(c.data.source)
+    ref = training.build_gan(c, source.shape, 0)
+    nets = [ref.generator, ref.discriminator] + ([ref.ema.model] if ema else [])
+    init = [net.get_weights() for net in nets]
+    rng = np.random.default_rng(0)
+    # d_steps real batches per GAN step.
+    batches = [[np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
+                for _ in range(d_steps)] for _ in range(steps)]
+    ref_step = tf.function(ref.train_step)
+    for xs in batches:
+        feed = [{"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)} for x in xs]
+        out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
+    return ref, init, batches, {k: float(v) for k, v in out.items()}
+
+
+def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0,
+                d_steps=1, convs=False, ema=False):
+    """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
+    (MeshTrainer) from the same weights and batches; returns the JSON dict above.
+    fused=True runs D's and G's mesh updates in ONE tf.function (the stale-weights bug);
+    lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
+    convs=True splits every convolution the model axis divides (the policy's size
+    threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
+    compares its weights ("ema_diff")."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import data
+    from tf_gan_scale import training
+    from tf_gan_scale.cluster import mesh_spec
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    from tf_gan_scale.parallel import tensors
+    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema)
+    c = config(arch, optimizer, d_steps, ema)
+    source = data.load(c.data.source)
+    for opt in (c.train.d_optimizer, c.train.g_optimizer):
+        opt.learning_rate *= lr_scale
+    mesh_gan = training.build_gan(c, source.shape, 0)
+    pairs = [(ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)]
+    if ema:
+        pairs.append((ref.ema.model, mesh_gan.ema.model))
+    for (_, b), weights in zip(pairs, init):  # The reference's weights before training.
+        b.set_weights(weights)
+    dims = mesh_spec.parse(spec)
+    threshold = layouts.CONV_SPLIT_MIN_PARAMS
+    try:
+        layouts.CONV_SPLIT_MIN_PARAMS = 0 if convs else threshold
+        plan = layouts.plan((mesh_gan.generator, mesh_gan.discriminator), dims)
+    finally:
+        layouts.CONV_SPLIT_MIN_PARAMS = threshold
+    split_convs = sum(1 for p, s in plan.items() if "conv" in p and any(s))
+    trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
+    if fused:
+        @tf.function
+        def both(real, labels, step, t, lr):
+            d = trainer.d_update(real, labels, step, 0, t, lr)
+            return d, trainer.g_update(tf.shape(real)[0], step, t, lr)
+
+        def fused_step(batches_):
+            real, labels = batches_[0]
+            n = trainer.step
+            d, g = both(real, labels, tf.constant(n, tf.int64),
+                        tf.constant(n + 1, tf.float32),
+                        tf.constant(trainer.g_opt.lr(n), tf.float32))
+            trainer.d_opt.count(n + 1)
+            trainer.g_opt.count(n + 1)
+            return float(tensors.gather(d)), float(tensors.gather(g))
+        trainer.train_step = fused_step
+    for xs in batches:
+        d_loss, g_loss = trainer.train_step([trainer.batch(x) for x in xs])
+    def gap(a_net, b_net):
+        return max(float(np.abs(a.numpy().astype(np.float64)
+                                - tensors.gather(b).astype(np.float64)).max())
+                   for a, b in zip(a_net.weights, b_net.weights))
+
+    diff = max(gap(a, b) for a, b in pairs[:2])
+    ema_diff = gap(*pairs[2]) if ema else None
+    return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],
+            "g_loss": [out["g_loss"], g_loss], "step": trainer.step,
+            "split_convs": split_convs, "ema_diff": ema_diff}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from tf_gan_scale import distribute
+    distribute.configure_cpu_devices(int(sys.argv[1]))
+    for spec, arch, optimizer, steps, convs in json.loads(sys.argv[2]):
+        print(json.dumps(equivalence(spec, arch, optimizer, steps, convs=convs)), flush=True)

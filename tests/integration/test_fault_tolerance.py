@@ -1,0 +1,217 @@
+"""Fault tolerance with real processes: preemption (SIGTERM), a killed worker (kill -9),
+and a process killed while saving a checkpoint. Every run that is interrupted and resumed
+must end with the same training state as one of the same topology that never was: every
+checkpointed variable (G and D weights, batch-norm statistics, both optimizers' slots and
+iteration counts) bit for bit. Training is deterministic (stateless randomness keyed by
+the step, fixed ring all-reduce order, data position restored from the step), so any lost
+or repeated step or wrong data position shows as a difference.
+
+Measured (2 loaded cores, TF 2.21): six uninterrupted 2-worker 60-step runs
+(checkpoint_every 1, 5 or 1000; with and without --peer_timeout_s=3) and a 2-replica
+mirrored run ended with bit-identical checkpoints, so one reference run serves all 2-worker
+tests; the resumed runs below match theirs bit for bit. What the comparison must catch,
+as max |diff| in weights / Adam slots / batch-norm statistics vs the final reference:
+  one step lost (the reference's ckpt-59)                       4.9e-4 / 0.028 / 6.4e-3
+  resumed at step 12 one batch ahead of the data position       1.3e-3 / 0.039 / 2.0e-4
+  resumed at step 12 one batch behind (a batch repeated)        1.0e-3 / 0.028 / 2.8e-4
+(62-64 of 68 variables differ). Summation order alone moves a weight as far: one device vs
+2 workers (same math) ended 1.1e-3 apart in a D conv bias that batch norm follows (its
+gradient is rounding noise, which Adam scales to whole steps; other weights within 7e-7),
+so no tolerance tells these apart. Hence an exact comparison, with a run of the same
+topology.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, TINY, run_cmd
+from helpers.mw_helpers import ENV, Launcher, assert_same_checkpoint, checkpoint_arrays
+
+pytestmark = pytest.mark.slow
+
+ARGS = [*TINY, "--config.model.d_dropout=0.0"]
+NO_GCE = {"GCE_METADATA_IP": ENV["GCE_METADATA_IP"]}
+
+
+@pytest.fixture(scope="module")
+def two_workers_60(tmp_path_factory):
+    """Workdir of an uninterrupted 2-worker run of 60 steps: the reference of the 2-worker
+    tests. It checkpoints every step (ckpt-58..60 are kept); how often a run checkpoints,
+    and --peer_timeout_s, do not change its weights (measured: bit-identical)."""
+    tmp = tmp_path_factory.mktemp("two_workers_60")
+    launcher = Launcher(tmp, [f"--workdir={tmp / 'run'}", *ARGS, "--config.train.num_steps=60",
+                              "--config.train.checkpoint_every=1"])
+    assert launcher.finish() == 0, launcher.text()[-3000:]
+    return tmp / "run"
+
+
+def straight_run(tmp_path, steps, *flags):
+    """Workdir of an uninterrupted single-process run of `steps` steps."""
+    workdir = tmp_path / f"straight{steps}"
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={workdir}", *flags, *ARGS,
+                    f"--config.train.num_steps={steps}"], env=NO_GCE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
+def test_checkpoint_comparison_sees_one_lost_step(two_workers_60):
+    # The check the tests below rely on sees a lost step (see the numbers above).
+    final = checkpoint_arrays(two_workers_60)
+    assert_same_checkpoint(checkpoint_arrays(two_workers_60, step=60), final)
+    with pytest.raises(AssertionError, match="variables differ"):
+        assert_same_checkpoint(checkpoint_arrays(two_workers_60, step=59), final)
+
+
+def test_sigterm_to_one_worker_checkpoints_all_at_one_step_and_loses_nothing(
+        tmp_path, two_workers_60):
+    workdir = tmp_path / "run"
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=60",
+                                   "--config.train.checkpoint_every=1000"], max_restarts=1)
+    try:
+        launcher.wait_for("step 10:")  # The chief's log line at step 10.
+        os.kill(launcher.worker_pid(1), signal.SIGTERM)
+        assert launcher.finish() == 0, launcher.text()[-3000:]
+    finally:
+        launcher.close()
+    log = launcher.text()
+    saved = re.findall(r"\[worker (\d)\].*preemption: saved checkpoint at step (\d+)", log)
+    assert sorted(w for w, _ in saved) == ["0", "1"], log[-3000:]
+    step = int(saved[0][1])
+    assert int(saved[1][1]) == step and 10 <= step < 60
+    assert re.search(r"worker \d exited with code 143; worker exit codes \[143, 143\]", log)
+    # Both workers resume exactly where they saved, and finish the configured steps.
+    assert log.count(f"ckpt-{step} at step {step} of 60") == 2
+    assert log.count("finished at step 60") == 2
+    assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(two_workers_60))
+
+
+def test_sigterm_to_every_worker_at_once_saves_one_step(tmp_path):
+    # What `scancel`, a node drain or Ctrl-C on the launcher do: all workers get SIGTERM.
+    workdir = tmp_path / "run"
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=600",
+                                   "--config.train.checkpoint_every=1000"], max_restarts=2)
+    try:
+        launcher.wait_for("step 10:")
+        launcher.proc.send_signal(signal.SIGTERM)
+        assert launcher.finish(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        launcher.close()
+    log = launcher.text()
+    saved = re.findall(r"\[worker (\d)\].*preemption: saved checkpoint at step (\d+)", log)
+    assert sorted(w for w, _ in saved) == ["0", "1"] and saved[0][1] == saved[1][1], log[-3000:]
+    assert "worker exit codes [143, 143]" in log and log.count("starting 2 workers") == 1
+    assert os.path.exists(workdir / "checkpoints" / f"ckpt-{saved[0][1]}.index")
+
+
+# Worker 0 must report the lost peer and exit within --peer_timeout_s + this, counted from
+# the kill -9 of worker 1. Measured over 15 runs with --peer_timeout_s=3 (2 cores, load
+# 2-4.6): through the heartbeat timeout, the error line came 2.0-3.5 s after the kill and
+# worker 0 exited at 3.5-4.8 s; when the ring all-reduce saw the connection reset first,
+# 0.06-0.1 s and 0.9-1.3 s. A heartbeat sent just before the kill makes it less than the
+# timeout; process exit adds about 1-1.5 s.
+DETECTION_MARGIN_S = 5
+
+
+def _running(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killed_worker_fails_the_others_in_bounded_time_and_restart_finishes(
+        tmp_path, two_workers_60):
+    workdir = tmp_path / "run"
+    timeout_s = 3
+    lost = "[worker 0] error: multi-worker run aborted, lost "
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *ARGS, "--config.train.num_steps=60",
+                                   f"--peer_timeout_s={timeout_s}"], max_restarts=1)
+    try:
+        launcher.wait_for("step 10:")
+        survivor, victim = launcher.worker_pid(0), launcher.worker_pid(1)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()  # The clock starts at the kill.
+        while lost not in launcher.text() or _running(survivor):
+            assert time.monotonic() - killed_at < timeout_s + DETECTION_MARGIN_S, (
+                f"worker 0 did not report the lost peer and exit within {timeout_s} + "
+                f"{DETECTION_MARGIN_S} s of the kill:\n{launcher.text()[-3000:]}")
+            time.sleep(0.05)
+        assert launcher.finish() == 0, launcher.text()[-3000:]
+    finally:
+        launcher.close()
+    log = launcher.text()
+    error = re.search(r"\[worker 0\] error: multi-worker run aborted, lost (\S+): ", log)
+    assert error and error.group(1) == "/job:worker/replica:0/task:1", log[-3000:]
+    assert "worker exit codes [1, 137]" in log, log[-3000:]  # Worker 0 exited on its own.
+    resumed = re.findall(r"resumed \S+ckpt-(\d+) at step (\d+) of 60", log)
+    assert len(resumed) == 2 and resumed[0] == resumed[1] and int(resumed[0][0]) >= 10
+    assert log.count("finished at step 60") == 2
+    assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(two_workers_60))
+
+
+# Runs the real binary, but SIGKILLs the process once the files of ckpt-10 are written and
+# before the checkpoint index says so: the worst moment of a save.
+KILL_DURING_SAVE = """
+import os, runpy, signal, sys
+from tensorflow.python.checkpoint import checkpoint_management as cm
+record = cm.update_checkpoint_state_internal
+def record_or_die(save_dir, model_checkpoint_path, *args, **kwargs):
+    if model_checkpoint_path.endswith("-10"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return record(save_dir, model_checkpoint_path, *args, **kwargs)
+cm.update_checkpoint_state_internal = record_or_die
+sys.argv = ["tf_gan_scale.main"] + sys.argv[1:]
+runpy.run_module("tf_gan_scale.main", run_name="__main__")
+"""
+
+
+def test_kill_during_a_save_leaves_a_restorable_latest_checkpoint(tmp_path):
+    workdir = tmp_path / "run"
+    args = [f"--workdir={workdir}", "--strategy=one_device", *ARGS,
+            "--config.train.num_steps=15"]
+    proc = run_cmd(["-c", KILL_DURING_SAVE, *args], env=NO_GCE)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert os.path.exists(workdir / "checkpoints" / "ckpt-10.index")  # Written, not recorded.
+    proc = run_cmd(["-m", "tf_gan_scale.main", *args], env=NO_GCE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ckpt-5 at step 5 of 15" in proc.stderr
+    assert_same_checkpoint(checkpoint_arrays(workdir),
+                           checkpoint_arrays(straight_run(tmp_path, 15, "--strategy=one_device")))
+
+
+def test_sigterm_to_a_single_process_run_saves_and_resumes(tmp_path):
+    workdir = tmp_path / "run"
+    args = [f"--workdir={workdir}", "--strategy=mirrored", "--num_cpu_devices=2", *ARGS,
+            "--config.train.num_steps=60", "--config.train.checkpoint_every=1000"]
+    log = open(tmp_path / "log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "tf_gan_scale.main", *args], cwd=REPO,
+                            env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "step 10:" not in (tmp_path / "log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    step = int(re.search(r"preemption: saved checkpoint at step (\d+)",
+                         (tmp_path / "log").read_text()).group(1))
+    assert os.path.exists(workdir / "checkpoints" / f"ckpt-{step}.index")
+    proc = run_cmd(["-m", "tf_gan_scale.main", *args, "--config.train.num_steps=" + str(step + 5)],
+                   env=NO_GCE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"ckpt-{step} at step {step} of {step + 5}" in proc.stderr
+    reference = straight_run(tmp_path, step + 5, "--strategy=mirrored", "--num_cpu_devices=2")
+    assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(reference))

@@ -1,0 +1,185 @@
+"""parallel.step.MeshTrainer: one device == a DTensor mesh, weights after 10 steps.
+
+The reference is the production one-device step (`GAN.train_step`, Keras SGD / Adam);
+the mesh run starts from the same weights and sees the same global batches. DCGAN runs
+with batch norm in G and D and dropout 0.3 in D.
+
+Tolerance: float32 rounding. Measured max |w - w_ref| over every case here (1x2, 2x1,
+2x2, 1x4 meshes; SGD and Adam; DCGAN and MLP): 1.2e-7 .. 3.4e-7. TOL = 1e-5 (the
+tf.distribute equivalence tests' SGD tolerance) leaves 30x headroom, and each test that
+breaks a guarantee must miss it by 100x: a learning rate off by 2 (what a gradient scaled
+by 2 does to SGD) and a step that trains G against the stale D (D and G fused in one
+function: DTensor's read-after-write hazard).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cmd
+from helpers.mesh_helpers import equivalence
+
+TOL = 1e-5
+
+
+@pytest.mark.slow  # ~12 s each: two GANs traced, 10 steps on each.
+@pytest.mark.parametrize("spec, arch, optimizer, d_steps, convs", [
+    ("batch:1,model:2", "dcgan", "sgd", 1, False),
+    ("batch:2,model:1", "dcgan", "sgd", 1, False),
+    ("batch:1,model:2", "mlp", "sgd", 1, False),
+    # Adam's DCGAN has no D batch norm: D's convolutions see the stacked [real; fake]
+    # directly (the conv-input constraint), split over examples.
+    ("batch:2,model:1", "dcgan", "adam", 1, False),
+    # Two D updates per step: their phases k and Adam's update count t = step * 2 + k + 1
+    # (Adam on the 1x2 mesh: this case; with one D update: the 2x1 case above).
+    ("batch:1,model:2", "dcgan", "adam", 2, False),
+    # Every convolution split on its output channels, computed by taps (parallel/conv.py):
+    # G's transposed convolutions of 8 and 4 channels, D's of 4 and 8.
+    ("batch:1,model:2", "dcgan", "sgd", 1, True),
+])
+def test_mesh_equals_one_device(spec, arch, optimizer, d_steps, convs):
+    out = equivalence(spec, arch, optimizer, steps=10, d_steps=d_steps, convs=convs)
+    assert out["split_convs"] == (4 if convs else 0)
+    assert out["step"] == 10
+    assert out["max_diff"] < TOL, out
+    np.testing.assert_allclose(*out["d_loss"], rtol=1e-5)
+    np.testing.assert_allclose(*out["g_loss"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_ema_generator_on_a_mesh_equals_one_device():
+    # decay 0.8 after a 2-step copy, ramped over 3 steps (mesh_helpers.config): the EMA
+    # weights of both runs, updated in the mesh's own EMA function after G's.
+    out = equivalence("batch:1,model:2", "dcgan", "sgd", steps=10, ema=True)
+    assert out["max_diff"] < TOL and out["ema_diff"] < TOL, out
+
+
+@pytest.mark.slow
+def test_a_doubled_learning_rate_misses_by_orders_of_magnitude():
+    # What a gradient scaled by 2 does to SGD (the equivalence cases above catch a wrong
+    # global batch inside the step itself).
+    assert equivalence("batch:1,model:2", "dcgan", "sgd", steps=10,
+                       lr_scale=2.0)["max_diff"] > 100 * TOL
+
+
+@pytest.mark.slow
+def test_d_and_g_in_one_function_trains_g_on_stale_weights():
+    # DTensor may return a variable's OLD value when it is read after a write in the
+    # same function: G's update would see D before D's update. MeshTrainer runs them as
+    # separate functions; fusing them must be caught.
+    assert equivalence("batch:1,model:2", "dcgan", "sgd", steps=10,
+                       fused=True)["max_diff"] > 100 * TOL
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"accumulation_steps": 2}, "config.train.accumulation_steps=2"),
+    ({"penalty": "r1", "penalty_weight": 1.0}, "config.train.penalty='r1'"),
+    ({"lecam_weight": 0.1}, "config.train.lecam_weight=0.1"),
+])
+def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
+    import keras
+
+    from tf_gan_scale import architectures, errors, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=6,
+                               g_channels=(8, 6, 4), d_channels=(4, 6))
+    model = gan_lib.GAN(g, d, latent_dim=6)
+    model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD(),
+                  **setting)
+    dims = {"batch": 1, "model": 2}
+    with pytest.raises(errors.ConfigError, match=f"not supported on a mesh yet: {message}"):
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
+
+
+def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():
+    # SNGAN's residual D pools with AveragePooling2D, whose gradient DTensor cannot
+    # expand ("tf.AvgPoolGrad op does not implement layout propagation" in the first D
+    # update): one line instead, before any weight is moved.
+    import keras
+
+    from tf_gan_scale import architectures, errors, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("resnet", data_shape=(8, 8, 1), latent_dim=4,
+                               g_channels=(8, 8), d_channels=(8, 8, 8), d_downsample=2)
+    model = gan_lib.GAN(g, d, latent_dim=4)
+    model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD())
+    dims = {"batch": 1, "model": 2}
+    with pytest.raises(errors.ConfigError, match=r"not supported on a mesh yet: "
+                                                 r"AveragePooling2D in discriminator; "):
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
+    from tensorflow.experimental import dtensor
+    assert not any(isinstance(w._value, dtensor.DVariable) for w in g.weights + d.weights)
+
+
+def test_adam_moments_are_split_like_their_weights():
+    import keras
+    from tensorflow.experimental import dtensor
+
+    from tf_gan_scale import architectures, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    from tf_gan_scale.parallel import tensors
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=6,
+                               g_channels=(8, 6, 4), d_channels=(4, 6))
+    model = gan_lib.GAN(g, d, latent_dim=6)
+    model.compile(d_optimizer=keras.optimizers.Adam(), g_optimizer=keras.optimizers.Adam())
+    dims = {"batch": 1, "model": 2}
+    plan = layouts.plan((g, d), dims)
+    trainer = step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), plan)
+    kernel = [w for w in g.trainable_variables if len(w.shape) == 2][0]  # [6, 32], split.
+    m, v = trainer.g_opt.slots[g.trainable_variables.index(kernel)]
+    assert tensors.local_shapes(kernel) == [(6, 16), (6, 16)]
+    # The Keras optimizer's own slots (what its checkpoint holds), split like the kernel.
+    assert m is model.g_optimizer._momentums[g.trainable_variables.index(kernel)]
+    assert tensors.local_shapes(m) == tensors.local_shapes(v) == [(6, 16), (6, 16)]
+    counter = model.g_optimizer.iterations._value.read_value()  # Replicated on the mesh.
+    assert dtensor.fetch_layout(counter).mesh == trainer.mesh
+    assert dtensor.fetch_layout(counter).is_fully_replicated()
+
+
+@pytest.mark.parametrize("optimizer, message", [
+    ("AdamW", "optimizer AdamW"),
+    ("SGD(momentum=0.9)", "momentum=0.9"),
+    ("Adam(clipnorm=1.0)", "clipnorm=1.0"),
+])
+def test_optimizers_the_mesh_cannot_run_are_refused(optimizer, message):
+    import keras
+
+    from tf_gan_scale import architectures, errors, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("mlp", data_shape=(2,), latent_dim=4, hidden=(8,))
+    model = gan_lib.GAN(g, d, latent_dim=4)
+    opt = eval(f"keras.optimizers.{optimizer if '(' in optimizer else optimizer + '()'}")
+    model.compile(d_optimizer=opt, g_optimizer=keras.optimizers.SGD())
+    dims = {"batch": 1, "model": 2}
+    with pytest.raises(errors.ConfigError, match=f"not supported on a mesh: {message}"):
+        step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
+
+
+FOUR_DEVICE_CASES = [  # (mesh, arch, optimizer, convs)
+    ("batch:2,model:2", "dcgan", "sgd", False),
+    ("batch:1,model:4", "dcgan", "sgd", False),
+    ("batch:2,model:2", "dcgan", "adam", False),
+    # Split convolutions with examples split too (G's last, of 1 output channel, stays
+    # replicated).
+    ("batch:2,model:2", "dcgan", "sgd", True),
+]
+
+
+@pytest.fixture(scope="module")
+def four_device_runs():
+    """Every 4-device case in ONE process of 4 logical CPUs (one TensorFlow start; the
+    dcgan-sgd cases share their one-device reference run): {case: result}."""
+    cases = [[spec, arch, opt, 10, convs] for spec, arch, opt, convs in FOUR_DEVICE_CASES]
+    proc = run_cmd(["tests/helpers/mesh_helpers.py", "4", json.dumps(cases)], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()[-len(cases):]
+    return dict(zip(FOUR_DEVICE_CASES, map(json.loads, lines)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FOUR_DEVICE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_four_device_meshes_equal_one_device(four_device_runs, case):
+    out = four_device_runs[case]
+    assert out["step"] == 10 and out["max_diff"] < TOL, out
+    assert out["split_convs"] == (4 if case[3] else 0)

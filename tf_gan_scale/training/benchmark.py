@@ -1,0 +1,273 @@
+"""Timing training, the input pipeline and scoring: what tools/benchmark.py measures.
+
+Every time is wall-clock over `steps` steps after `warmup` untimed ones (tracing, pipeline
+fill); runs that are compared (a strategy, a plain Keras baseline, a placement, meshes)
+are interleaved `repeats` times, so a slow phase of a shared machine hits all alike, and
+the best of each is reported.
+"""
+
+import resource
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_gan_scale import architectures, data, perf, precision
+from tf_gan_scale.cluster import mesh_spec
+from tf_gan_scale.distribute import cost_model
+from tf_gan_scale.metrics import extractors, scoring
+from tf_gan_scale.parallel import layouts
+from tf_gan_scale.parallel import mesh as mesh_lib
+from tf_gan_scale.parallel import step as step_lib
+from tf_gan_scale.parallel import tensors
+from tf_gan_scale.training import build, mesh_runner
+
+
+class PlainGAN(keras.Model):
+    """The hand-written Keras GAN of the Keras DCGAN example
+    (keras.io/examples/generative/dcgan_overriding_train_step): BCE losses, one D step on
+    concat(real, fake), then one G step, `tf.random.normal` latents; one device, no
+    strategy logic. The baseline the framework's step is timed against."""
+
+    def __init__(self, generator, discriminator, latent_dim):
+        super().__init__()
+        self.generator, self.discriminator = generator, discriminator
+        self.latent_dim = latent_dim
+        self.built = True
+
+    def compile(self, g_optimizer, d_optimizer):
+        super().compile()
+        self.g_optimizer, self.d_optimizer = g_optimizer, d_optimizer
+        self.bce = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def train_step(self, batch):
+        real = batch["x"]
+        b = tf.shape(real)[0]
+        fake = self.generator(tf.random.normal([b, self.latent_dim]), training=True)
+        labels = tf.concat([tf.ones([b, 1]), tf.zeros([b, 1])], 0)
+        with tf.GradientTape() as tape:
+            logits = self.discriminator(tf.concat([real, fake], 0), training=True)
+            d_loss = self.bce(labels, logits)
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            fake = self.generator(tf.random.normal([b, self.latent_dim]), training=True)
+            g_loss = self.bce(tf.ones([b, 1]), self.discriminator(fake, training=True))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+
+def plain_gan(config, source):
+    """PlainGAN with the config's networks (same seed, same precision) and optimizers."""
+    keras.utils.set_random_seed(config.seed)
+    with precision.policy(config.train.precision):
+        g, d = architectures.build(config.model.name, data_shape=source.shape,
+                                   latent_dim=config.model.latent_dim,
+                                   **build.model_options(config))
+    plain = PlainGAN(g, d, config.model.latent_dim)
+    plain.compile(build.make_optimizer(config.train.g_optimizer),
+                  build.make_optimizer(config.train.d_optimizer))
+    return plain
+
+
+def synthetic_source(shape, global_batch):
+    """4 global batches of random uint8 images of `shape` and 10 random classes (so
+    conditional configs run too): the compute of a dataset that is not on this machine."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (4 * global_batch,) + tuple(shape), dtype=np.uint8)
+    return data.from_arrays(f"synthetic{tuple(shape)}", pixels,
+                            rng.integers(0, 10, 4 * global_batch))
+
+
+def time_fit(model, dataset, steps, warmup):
+    """Seconds per step of model.fit over `steps` steps after `warmup` steps (each call
+    continues training the same model)."""
+    stamps = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            float(logs["d_loss"])  # Wait for the step to finish.
+            stamps.append(time.perf_counter())
+
+    model.fit(dataset, epochs=1, steps_per_epoch=warmup + steps, callbacks=[Clock()],
+              verbose=0, shuffle=False)
+    return (stamps[-1] - stamps[warmup - 1]) / steps
+
+
+class MeshRun:
+    """Training on a DTensor mesh, timed like `time_fit`: the GAN of `config` built
+    afresh (same seed: same initial weights as the strategy run), split by the layout
+    policy, stepped by MeshTrainer with host batches moved onto the mesh, as `main --mesh`
+    runs it.
+
+    Args:
+        costs: cost_model.network_costs of the GAN if another MeshRun has them (profiling
+            FLOPs is the slow part; the GAN is the same for every mesh).
+    """
+
+    def __init__(self, config, source, dataset, spec, costs=None):
+        mesh_runner.check_config(config)
+        self.dims = mesh_spec.parse(spec)
+        mesh = mesh_lib.make(self.dims)
+        gan = build.build_gan(config, source.shape, source.num_classes)
+        nets = (gan.generator, gan.discriminator)
+        overrides = tuple(tuple(o) for o in config.parallel.layouts)
+        plan = layouts.plan(nets, self.dims, overrides)
+        # What one device communicates per GAN step, from the cost model (on the plain
+        # models, before MeshTrainer moves them): bytes of the tensors of each kind of
+        # collective and bytes the device sends in ring collectives (cost_model).
+        self.costs = costs or cost_model.network_costs(*nets, source.shape,
+                                                       config.model.latent_dim)
+        costs = cost_model.mesh_network_costs(*nets, source.shape, config.model.latent_dim,
+                                              self.dims, overrides, costs=self.costs)
+        per_device = config.train.global_batch_size // self.dims["batch"]
+        self.bytes = {kind: {k: int(v) for k, v in sizes.items()} for kind, sizes in
+                      cost_model.mesh_step_bytes(costs, self.dims, per_device,
+                                                 config.train.d_steps).items()}
+        self.trainer = step_lib.MeshTrainer(gan, mesh, plan)
+        self.batches = iter(dataset)
+        self.d_steps = config.train.d_steps
+        # Parameters on the first device: what a mesh saves in weight memory.
+        self.params = {net.name: sum(int(np.prod(tensors.local_shapes(w)[0]))
+                                     for w in net.weights) for net in nets}
+        self.split = sum(any(s) for s in plan.values())
+
+    def time(self, steps, warmup):
+        stamps = []
+        for _ in range(warmup + steps):
+            feed = [self.trainer.batch(b["x"], b["label"])
+                    for b in (next(self.batches) for _ in range(self.d_steps))]
+            self.trainer.train_step(feed)  # Returns the losses as floats: synchronous.
+            stamps.append(time.perf_counter())
+        return (stamps[-1] - stamps[warmup - 1]) / steps
+
+
+def _timed(times, gb, d_steps):
+    """{step_time_s, images_per_sec, all_step_times_s} of one run's repeats (the best)."""
+    best = min(times)
+    return {"step_time_s": round(best, 5), "images_per_sec": round(gb * d_steps / best, 1),
+            "all_step_times_s": [round(t, 4) for t in times]}
+
+
+def time_training(config, strategy, source, *, strategy_name, steps, warmup, repeats,
+                  baseline=False, placement="", meshes=()):
+    """The config's GAN under `strategy`, and with `baseline` PlainGAN on one device, with
+    `placement` ("g:I,d:J") G and D on two devices, and on each mesh spec of `meshes`,
+    interleaved. Returns the report (docs/performance.md shows its fields)."""
+    gb, d_steps = config.train.global_batch_size, config.train.d_steps
+    dataset = data.make_dataset(source, global_batch_size=gb, seed=config.seed)
+    with strategy.scope():
+        model = build.build_gan(config, source.shape, source.num_classes)
+    runs = {"tf_gan_scale": (model, data.distribute(dataset, strategy))}
+    if baseline:
+        runs["baseline"] = (plain_gan(config, source), dataset)
+    if placement:  # Built outside the strategy: a placement runs under none.
+        runs["placement"] = (build.build_gan(config, source.shape, source.num_classes,
+                                             placement), dataset)
+    mesh_runs, costs = {}, None
+    for spec in meshes:
+        mesh_runs[spec] = MeshRun(config, source, dataset, spec, costs)
+        costs = mesh_runs[spec].costs
+    times = {name: [] for name in [*runs, *mesh_runs]}
+    for _ in range(repeats):  # Interleaved: a slow phase of the machine hits all alike.
+        for name, (m, ds) in runs.items():
+            times[name].append(time_fit(m, ds, steps, warmup))
+        for spec, run in mesh_runs.items():
+            times[spec].append(run.time(steps, warmup))
+    step_time = min(times["tf_gan_scale"])
+    result = {
+        "strategy": strategy_name, "replicas": strategy.num_replicas_in_sync,
+        "global_batch": gb, "sync_bn": bool(config.model.get("sync_bn", False)),
+        "d_steps": d_steps, "steps": steps, "repeats": repeats,
+        "precision": config.train.precision, "xla": bool(model.xla),
+        "accumulation_steps": config.train.accumulation_steps,
+        **_timed(times["tf_gan_scale"], gb, d_steps)}
+    if baseline:
+        base_time = min(times["baseline"])
+        result["baseline_plain_keras"] = _timed(times["baseline"], gb, 1)
+        result["speed_vs_baseline"] = round(base_time / step_time, 3)
+    if placement:
+        result["placement"] = {"spec": placement, **_timed(times["placement"], gb, d_steps),
+                               f"speed_vs_{strategy_name}": round(
+                                   step_time / min(times["placement"]), 3)}
+    if mesh_runs:
+        result["params_per_device"] = {n.name: n.count_params()
+                                       for n in (model.generator, model.discriminator)}
+        result["meshes"] = {
+            spec: {**_timed(times[spec], gb, d_steps),
+                   f"speed_vs_{strategy_name}": round(step_time / min(times[spec]), 3),
+                   "params_per_device": run.params, "split_weights": run.split,
+                   "bytes_per_device_step": run.bytes}
+            for spec, run in mesh_runs.items()}
+    return result
+
+
+def time_input(config, strategy, source, *, strategy_name, steps, warmup, repeats,
+               min_seconds):
+    """The input pipeline's batches/sec (pulled as the train step pulls them:
+    perf.time_input_pipeline) against the train step's, interleaved."""
+    t = config.train
+    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
+                                seed=config.seed)
+    with strategy.scope():
+        model = build.build_gan(config, source.shape, source.num_classes)
+    per_call = t.d_steps * model.steps_per_execution
+    train_data = data.distribute(dataset, strategy)
+    step_times, pipeline = [], []
+    for _ in range(repeats):  # Interleaved, as with the baseline.
+        step_times.append(time_fit(model, train_data, steps, warmup))
+        iterator = iter(data.distribute(dataset, strategy))
+        pipeline.append(perf.time_input_pipeline(
+            iterator, strategy, batches_per_call=per_call, warmup_calls=warmup,
+            min_calls=steps, min_seconds=min_seconds))
+        del iterator
+    step_time = min(step_times)
+    pipe = max(pipeline, key=lambda p: p["batches_per_sec"])
+    step_rate = 1.0 / step_time
+    train_batches = step_rate * t.d_steps
+    return {
+        "source": source.name, "strategy": strategy_name,
+        "replicas": strategy.num_replicas_in_sync, "global_batch": t.global_batch_size,
+        "d_steps": t.d_steps, "steps_per_execution": model.steps_per_execution,
+        "batches_per_call": per_call,
+        "pipeline_batches_per_sec": round(pipe["batches_per_sec"], 2),
+        "pipeline_images_per_sec": round(pipe["batches_per_sec"] * t.global_batch_size, 1),
+        "pipeline_timed_batches": pipe["batches"],
+        "train_steps_per_sec": round(step_rate, 3),
+        "train_batches_per_sec": round(train_batches, 3),
+        "step_time_s": round(step_time, 5),
+        # Batches produced per batch consumed (= pipeline / train steps per sec when
+        # d_steps is 1). >= 1: the pipeline keeps up.
+        "input_headroom": round(pipe["batches_per_sec"] / train_batches, 2),
+        "all_step_times_s": [round(s, 4) for s in step_times],
+        "all_pipeline_batches_per_sec": [round(p["batches_per_sec"], 2) for p in pipeline],
+    }
+
+
+def time_evaluation(config, strategy, source, extractor_spec, *, strategy_name,
+                    num_samples, batch_size, keep):
+    """Scoring's images/sec (scoring.fake_features over `num_samples` generated examples
+    of the config's untrained generator, after a warm-up pass) and the process's peak
+    resident memory."""
+    with strategy.scope():
+        model = build.build_gan(config, source.shape, source.num_classes)
+        extractor = extractors.get(extractor_spec, source.shape)
+
+    def score(n):
+        stats, _ = scoring.fake_features(
+            model.sampler, model.latent_dim, extractor, strategy, num_samples=n, seed=0,
+            batch_size=batch_size, keep=keep, num_classes=model.num_classes)
+        return stats.result()
+
+    score(2 * batch_size)  # Tracing, first allocations.
+    start = time.perf_counter()
+    score(num_samples)
+    seconds = time.perf_counter() - start
+    return {"strategy": strategy_name, "replicas": strategy.num_replicas_in_sync,
+            "extractor": extractor.name, "eval_samples": num_samples,
+            "keep_features": keep, "seconds": round(seconds, 2),
+            "eval_images_per_sec": round(num_samples / seconds, 1),
+            # ru_maxrss is in KiB on Linux: the whole process (TensorFlow included).
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
