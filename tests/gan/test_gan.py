@@ -319,6 +319,29 @@ def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
         np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("penalty", [None, "r1"])
+def test_d_gradient_is_the_gradient_of_the_loss_share_it_reports(penalty):
+    # The absolute scale of D's gradient on ONE device: the equivalence runs compare
+    # topologies, so a factor on every topology alike (e.g. the share scaled before the
+    # tape) passes them; the logged-loss test checks the share itself. An outer tape over
+    # the same forward pass gives the true gradient of the reported share. Dropout and
+    # batch norm in D; R1 adds a double backprop.
+    keras.utils.set_random_seed(0)
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
+                               d_dropout=0.3, d_norm="batch", g_channels=(16, 8, 4),
+                               d_channels=(4, 8))
+    model = gan.GAN(g, d, LATENT, seed=5)
+    model.compile(g_optimizer=keras.optimizers.SGD(), d_optimizer=keras.optimizers.SGD(),
+                  penalty=penalty, penalty_weight=10.0 if penalty else 0.0)
+    real = tf.random.stateless_uniform([GB, 8, 8, 1], [1, 2], -1.0, 1.0)
+    with tf.GradientTape() as tape:
+        grads, share, _ = model.gan_step.d_grads(real, tf.zeros([GB], tf.int32), tf.range(GB),
+                                                 GB, tf.constant(3, tf.int64), 0)
+    expected = tape.gradient(share, model.discriminator.trainable_variables)
+    for got, ref in zip(grads, expected):
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_the_own_step_is_traced_without_autograph_a_subclass_step_with_it(one_device,
                                                                            monkeypatch):
     # Autograph would change nothing in the step's graph (plain Python around ops) and
