@@ -122,6 +122,7 @@ IN_PROCESS = [
      "config file"),
     (["--config.train.log_every=0"],
      "config.train.log_every must be an integer >= 1; Received: 0"),
+    (["--startup_timeout_s=0"], "--startup_timeout_s must be > 0 seconds; Received: 0.0"),
 ]
 SUBPROCESS = [
     (["--strategy=mirrored", "--num_cpu_devices=2", "--config.train.global_batch_size=33"],

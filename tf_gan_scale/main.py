@@ -3,7 +3,8 @@
     python -m tf_gan_scale.main --config=experiments/digits.py --workdir=DIR \
         [--strategy=auto|one_device|mirrored|multi_worker_mirrored|tpu] \
         [--num_cpu_devices=N] [--num_gpus=N] [--tpu=NAME] [--config.train.num_steps=...] \
-        [--collective=auto|ring|nccl] [--cluster_resolver=tf_config|slurm] [--peer_timeout_s=S]
+        [--collective=auto|ring|nccl] [--cluster_resolver=tf_config|slurm] [--peer_timeout_s=S] \
+        [--startup_timeout_s=S]
     python -m tf_gan_scale.main --config=... --workdir=DIR --mesh=batch:B,model:M \
         [--num_cpu_devices=N]     # model / hybrid parallelism on a DTensor mesh
     python -m tf_gan_scale.main --config=... --workdir=DIR --placement=g:0,d:1 \
@@ -22,9 +23,12 @@ worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one li
 and other unavailable/aborted/deadline errors (storage, input) exit 1 with
 `error: ErrorType: first line`. A NaN or inf global loss or gradient stops the run with
 exit 1 and one line naming the step and the network; the latest checkpoint stays the last
-good one.
+good one. A cluster (workers or DTensor clients) that does not form within
+--startup_timeout_s exits 1 with one line naming the tasks that did not connect; SIGTERM or
+SIGINT while waiting for it exits 143 at once. Either way nothing is written.
 """
 
+import contextlib
 import os
 import sys
 
@@ -40,7 +44,8 @@ from ml_collections import config_flags  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tf_gan_scale import cli, distribute, errors  # noqa: E402
-from tf_gan_scale.cluster import mesh_spec  # noqa: E402
+from tf_gan_scale.cluster import mesh_spec, startup  # noqa: E402
+from tf_gan_scale.cluster.launch import PREEMPTED_EXIT_CODE  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "ml_collections config file, e.g. experiments/digits.py.", lock_config=True)
@@ -55,6 +60,9 @@ flags.DEFINE_string("cluster_resolver", "tf_config", "Multi-worker cluster from:
                     f"{', '.join(distribute.CLUSTER_RESOLVERS)}.")
 flags.DEFINE_float("peer_timeout_s", None, "Multi-worker: a worker silent this long is lost "
                    "and the others fail naming it (default: TensorFlow's, about 10 s).")
+flags.DEFINE_float("startup_timeout_s", startup.DEFAULT_TIMEOUT_S, "Several workers or "
+                   "DTensor clients: how long each waits for the others to start; then it "
+                   "exits naming the tasks that did not connect.")
 flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory.")
 flags.DEFINE_string("mesh", None, "batch:B,model:M: train on a DTensor mesh of B x M devices "
                     "(weights split over 'model'); overrides config.parallel.mesh.")
@@ -83,6 +91,7 @@ def main(argv):
         raise errors.ConfigError("--config and --workdir are required, e.g. "
                                  "--config=experiments/digits.py --workdir=/tmp/digits")
     logging.set_verbosity(logging.INFO)
+    startup.check_timeout(FLAGS.startup_timeout_s)  # Also where no cluster waits: a typo.
     parallel = config.get("parallel") or {}
     if FLAGS.placement is not None:
         if "placement" not in parallel:
@@ -102,7 +111,8 @@ def main(argv):
         dims = mesh_spec.parse(spec)
         # Like MultiWorkerMirroredStrategy: before any other TensorFlow op. Joins the
         # other DTensor clients when DTENSOR_JOBS, TF_CONFIG or a Slurm step name some.
-        mesh_lib.initialize(FLAGS.num_cpu_devices)
+        with _cluster_startup():
+            mesh_lib.initialize(FLAGS.num_cpu_devices, FLAGS.startup_timeout_s)
         from tf_gan_scale.training import mesh_runner  # Keras models: after DTensor starts.
         _train(lambda: mesh_runner.run(config, FLAGS.workdir, dims,
                                     tfds_data_dir=FLAGS.tfds_data_dir), mesh_lib.cluster())
@@ -121,13 +131,30 @@ def main(argv):
         strategy = tf.distribute.get_strategy()  # The default one: nothing mirrored.
     else:
         # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
-        strategy = distribute.make_strategy(
-            FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu,
-            collective=FLAGS.collective, cluster_resolver=FLAGS.cluster_resolver,
-            peer_timeout_s=FLAGS.peer_timeout_s, num_cpu_devices=FLAGS.num_cpu_devices)
+        with _cluster_startup():
+            strategy = distribute.make_strategy(
+                FLAGS.strategy, num_gpus=FLAGS.num_gpus, tpu=FLAGS.tpu,
+                collective=FLAGS.collective, cluster_resolver=FLAGS.cluster_resolver,
+                peer_timeout_s=FLAGS.peer_timeout_s, num_cpu_devices=FLAGS.num_cpu_devices,
+                startup_timeout_s=FLAGS.startup_timeout_s)
     from tf_gan_scale import training  # Imports Keras models: after the strategy exists.
     _train(lambda: training.run(config, FLAGS.workdir, strategy,
                                  tfds_data_dir=FLAGS.tfds_data_dir), strategy)
+
+
+@contextlib.contextmanager
+def _cluster_startup():
+    """Joining the cluster (cluster/startup.py): a cluster that did not form exits 1 with
+    its one line, SIGTERM / SIGINT during the wait 143 (the code a preempted run exits
+    with: restart me); nothing is written before either."""
+    try:
+        yield
+    except startup.StartupTimeout as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except startup.Interrupted as e:
+        print(e, file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 def _train(train, strategy):

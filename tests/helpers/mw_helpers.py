@@ -154,6 +154,46 @@ class Launcher:
         self._file.close()
 
 
+class Task:
+    """One worker or DTensor client of the binary, started by hand (not by the launcher:
+    the start-up tests start tasks apart, or only one); its output goes to a file.
+    `env`: its TF_CONFIG or DTENSOR_* variables."""
+
+    def __init__(self, tmp_path, name, args, env):
+        self.log = tmp_path / f"{name}.log"
+        self._file = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tf_gan_scale.main", *args], cwd=REPO,
+            env=dict(ENV, **env), stdout=self._file, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def text(self):
+        return self.log.read_text()
+
+    def wait_for(self, needle, timeout=120):
+        """Waits until `needle` is in the output; returns time.monotonic() then."""
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} not seen:\n{self.text()[-3000:]}")
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def finish(self, timeout=300):
+        """The exit code, and time.monotonic() when the exit was seen."""
+        try:
+            code = self.proc.wait(timeout)
+            return code, time.monotonic()
+        finally:
+            self.close()
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._file.close()
+
+
 def scalars(workdir, tag):
     """{step: value} of a TensorBoard scalar written by the run."""
     out = {}

@@ -11,14 +11,17 @@ temporary directories behind.
 """
 
 import os
+import time
 
 import numpy as np
 import pytest
 
 from conftest import run_cmd
 from helpers.mw_helpers import Launcher, checkpoint_arrays, max_relative_diff
-from helpers.mw_helpers import scalars
+from helpers.mw_helpers import Task, scalars
 from test_equivalence import TOL
+from tf_gan_scale.cluster import env as cluster_env
+from tf_gan_scale.cluster import launch, startup
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +61,23 @@ def test_workers_match_one_device(tmp_path, monkeypatch, one_device, devices_per
         assert set(one) == set(multi) == {5, 10}
         for step in one:
             np.testing.assert_allclose(multi[step], one[step], rtol=1e-5)
+
+
+def test_a_worker_that_starts_late_within_the_deadline_trains_what_one_device_trains(
+        tmp_path, one_device):
+    # Worker 1 waits for worker 0, which starts 3 s later (a slow node, a pod scheduled
+    # late): the group forms and trains what one device trains (issue 24).
+    hosts = [f"localhost:{port}" for port in launch.free_ports(2)]
+    shared = tmp_path / "shared"
+    args = [f"--workdir={shared}", *ARGS, "--strategy=multi_worker_mirrored",
+            "--startup_timeout_s=120"]
+    late = Task(tmp_path, "worker1", args, {"TF_CONFIG": cluster_env.tf_config(hosts, 1)})
+    try:
+        time.sleep(max(late.wait_for(startup.WAITING) + 3 - time.monotonic(), 0))
+        chief = Task(tmp_path, "worker0", args, {"TF_CONFIG": cluster_env.tf_config(hosts, 0)})
+        assert chief.finish(240)[0] == 0, chief.text()[-3000:]
+        assert late.finish(60)[0] == 0, late.text()[-3000:]
+    finally:
+        late.close()
+    assert "all 2 tasks answered after " in late.text()
+    assert max_relative_diff(checkpoint_arrays(shared), one_device[1]) <= TOL

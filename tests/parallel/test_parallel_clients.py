@@ -8,14 +8,15 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
 from conftest import TINY, run_cmd, run_in_process
-from helpers.mw_helpers import ENV, Launcher, assert_same_checkpoint, checkpoint_arrays
+from helpers.mw_helpers import ENV, Launcher, Task, assert_same_checkpoint, checkpoint_arrays
 from tf_gan_scale import errors
 from tf_gan_scale.cluster import env as cluster_env
-from tf_gan_scale.cluster import launch
+from tf_gan_scale.cluster import launch, startup
 from tf_gan_scale.parallel import mesh as mesh_lib
 
 HOSTS = ["10.0.0.1:8888", "10.0.0.2:8888"]
@@ -141,6 +142,27 @@ def test_two_clients_equal_one_process_through_a_preemption(tmp_path, one_proces
     # Only the chief wrote the workdir: one event file, grids, the merged checkpoints.
     assert len(os.listdir(workdir / "logs")) == 2  # One per attempt of the chief.
     assert (workdir / "samples" / "step_0000040.png").is_file()
+    assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(one_process_run))
+
+
+@pytest.mark.slow  # Two clients 3 s apart, 40 steps.
+def test_a_client_that_starts_late_within_the_deadline_trains_what_one_process_trains(
+        tmp_path, one_process_run):
+    # Client 1 waits for client 0, which starts 3 s later: the mesh forms and trains bit
+    # for bit what one process trains (issue 24).
+    hosts = [f"localhost:{port}" for port in launch.free_ports(2)]
+    workdir = tmp_path / "run"
+    args = [f"--workdir={workdir}", *ARGS, f"--mesh={MESH}", "--num_cpu_devices=2",
+            "--startup_timeout_s=120"]
+    late = Task(tmp_path, "client1", args, cluster_env.client_env(hosts, 1))
+    try:
+        time.sleep(max(late.wait_for(startup.WAITING) + 3 - time.monotonic(), 0))
+        chief = Task(tmp_path, "client0", args, cluster_env.client_env(hosts, 0))
+        assert chief.finish(240)[0] == 0, chief.text()[-3000:]
+        assert late.finish(60)[0] == 0, late.text()[-3000:]
+    finally:
+        late.close()
+    assert "all 2 tasks answered after " in late.text()
     assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(one_process_run))
 
 

@@ -10,7 +10,10 @@ all workers' devices, tf_gan_scale/parallel/). The group lives and dies together
     group: the others get `grace_s` to exit on their own (a peer failure reaches them
     through the collectives), then SIGKILL;
   * SIGINT/SIGTERM to the launcher are forwarded as SIGTERM to every worker (so each
-    saves a preemption checkpoint), then SIGKILL after `grace_s`; no restart follows;
+    saves a preemption checkpoint, or stops waiting for the cluster: exit 143), then
+    SIGKILL after `grace_s`; no restart follows;
+  * a worker that never reached the cluster (never logged cluster/startup.py's WAITING
+    line) while others did is named when the group ends ("never joined: worker 0");
   * after a failure the whole group is started again, on fresh ports, up to
     `max_restarts` times; a training command resumes from its latest checkpoint.
 Only processes started here (and their process groups) are ever signalled.
@@ -28,7 +31,7 @@ import threading
 import time
 
 from tf_gan_scale.cluster import env as cluster_env
-from tf_gan_scale.cluster import mesh_spec
+from tf_gan_scale.cluster import mesh_spec, startup
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped after saving; restart me".
 
@@ -112,6 +115,7 @@ class _Group:
         # killed worker's peer sees its collective reset and exits within one poll
         # interval, and the lower index would be reported.
         self.exited_at = {}
+        self.joined = set()  # Workers that logged startup.WAITING: they reached the cluster.
         for i, (argv, env) in enumerate(commands):
             proc = subprocess.Popen(
                 argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
@@ -120,8 +124,7 @@ class _Group:
                 # Own process group: a terminal's Ctrl-C reaches the launcher only, which
                 # forwards it; and killing the group takes the worker's children too.
                 start_new_session=True)
-            pump = threading.Thread(target=self._pump, args=(proc, f"[worker {i}] ", out, lock),
-                                    daemon=True)
+            pump = threading.Thread(target=self._pump, args=(i, proc, out, lock), daemon=True)
             pump.start()
             threading.Thread(target=self._note_exit, args=(i, proc), daemon=True).start()
             self.procs.append(proc)
@@ -131,12 +134,22 @@ class _Group:
         proc.wait()
         self.exited_at[i] = time.monotonic()
 
-    @staticmethod
-    def _pump(proc, prefix, out, lock):
+    def _pump(self, i, proc, out, lock):
+        prefix = f"[worker {i}] "
         for line in proc.stdout:
+            if startup.WAITING in line:
+                self.joined.add(i)
             with lock:
                 out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
                 out.flush()
+
+    def never_joined(self):
+        """"; never joined: worker I, ..." when some workers reached the cluster and these
+        did not (a worker stuck or dead before it: what the others wait for), else ""."""
+        missing = [i for i in range(len(self.procs)) if i not in self.joined]
+        if not self.joined or not missing:
+            return ""
+        return "; never joined: " + ", ".join(f"worker {i}" for i in missing)
 
     def signal_all(self, sig):
         for p in self.procs:
@@ -228,7 +241,8 @@ def _supervise(group, stop, grace_s, poll_s):
             # Forward as SIGTERM: the workers' preemption handlers save a checkpoint.
             group.signal_all(signal.SIGTERM)
             codes = group.end(grace_s)
-            return 128 + stop[0], (f"stopped by signal {stop[0]}; worker exit codes {codes}")
+            return 128 + stop[0], (f"stopped by signal {stop[0]}; worker exit codes {codes}"
+                                   f"{group.never_joined()}")
         codes = [p.returncode if i in group.exited_at else None
                  for i, p in enumerate(group.procs)]
         failed = sorted((group.exited_at[i], i, c) for i, c in enumerate(codes)
@@ -238,8 +252,8 @@ def _supervise(group, stop, grace_s, poll_s):
             # The others learn of the loss through their collectives (peer timeout) or
             # save and exit themselves after a preemption; past grace_s they are killed.
             codes = group.end(grace_s)
-            return _exit_code(code), f"worker {i} exited with code {_exit_code(code)}; " \
-                                     f"worker exit codes {codes}"
+            return _exit_code(code), (f"worker {i} exited with code {_exit_code(code)}; "
+                                      f"worker exit codes {codes}{group.never_joined()}")
         if all(c == 0 for c in codes):
             return 0, "ok"
         time.sleep(poll_s)

@@ -21,6 +21,11 @@ Multi-worker failure detection: every worker heartbeats to the coordination serv
 on all others with an error naming it, instead of a hang; abort_message() turns it into
 one line naming the lost worker (errors of the same types from storage or the input
 pipeline keep their own first line).
+
+Multi-worker start-up has a deadline (--startup_timeout_s): every task first waits for its
+peers in Python (cluster/startup.py: SIGTERM / SIGINT end the wait, exit 143), then joins
+TensorFlow's cluster with the time left as the registration deadline (join_cluster);
+a cluster that does not form ends with one line naming the tasks that did not connect.
 """
 
 import contextlib
@@ -28,6 +33,7 @@ import os
 import re
 import socket
 
+from absl import logging
 import tensorflow as tf
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import collective_all_reduce_strategy as cars
@@ -36,6 +42,7 @@ from tensorflow.python.eager import context
 
 from tf_gan_scale import errors
 from tf_gan_scale.cluster import env as cluster_env
+from tf_gan_scale.cluster import startup
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
@@ -114,13 +121,15 @@ def choose_strategy(name, cluster_resolver="tf_config", env=None):
 
 
 def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
-                  cluster_resolver="tf_config", peer_timeout_s=None, num_cpu_devices=None):
+                  cluster_resolver="tf_config", peer_timeout_s=None, num_cpu_devices=None,
+                  startup_timeout_s=startup.DEFAULT_TIMEOUT_S):
     """Creates the strategy `name` (see module docstring); bad input raises ConfigError.
 
     Multi-worker only: `collective` (COLLECTIVES), `cluster_resolver` (CLUSTER_RESOLVERS),
     `peer_timeout_s` (seconds without heartbeat before a worker counts as lost; None keeps
-    TensorFlow's default) and `num_cpu_devices` (CPU replicas per worker when there is no
-    GPU; configure_cpu_devices must have split the CPU).
+    TensorFlow's default), `num_cpu_devices` (CPU replicas per worker when there is no
+    GPU; configure_cpu_devices must have split the CPU) and `startup_timeout_s` (how long
+    to wait for the other tasks: see join_cluster).
     """
     errors.choose("strategy", name, {s: s for s in STRATEGIES})
     errors.choose("collective", collective, {c: c for c in COLLECTIVES})
@@ -137,7 +146,7 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
         return tf.distribute.MirroredStrategy(_local_devices(num_gpus))
     if name == "multi_worker_mirrored":
         return _multi_worker_strategy(collective, cluster_resolver, peer_timeout_s,
-                                      num_cpu_devices or 1)
+                                      num_cpu_devices or 1, startup_timeout_s)
     return _tpu_strategy(tpu)
 
 
@@ -151,7 +160,9 @@ def slurm_resolver(environ, *, num_gpus):
         num_accelerators={"GPU": int(num_gpus)})
 
 
-def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_worker):
+def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_worker,
+                           startup_timeout_s):
+    startup.check_timeout(startup_timeout_s)
     # Physical, not logical, devices: listing logical ones initializes the runtime, after
     # which collective ops can no longer be configured.
     num_gpus = len(tf.config.list_physical_devices("GPU"))
@@ -160,38 +171,103 @@ def _multi_worker_strategy(collective, resolver_name, peer_timeout_s, cpus_per_w
     if collective == "nccl" and not num_gpus:
         raise errors.ConfigError("--collective=nccl needs GPUs and this worker has none; "
                                  "valid here: auto, ring")
+    if peer_timeout_s is not None and peer_timeout_s <= 0:
+        raise errors.ConfigError(f"--peer_timeout_s must be > 0; Received: {peer_timeout_s}")
     if resolver_name == "slurm":
         resolver = slurm_resolver(os.environ, num_gpus=num_gpus)
     else:
         cluster_env.check_tf_config()
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     spec = resolver.cluster_spec()
-    # Without a cluster (no TF_CONFIG) MWMS runs as one worker: all local devices.
-    if peer_timeout_s is not None and spec.jobs:
-        _configure_failure_detection(spec, peer_timeout_s)
     impl = {"ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[collective]
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
-    with _cpu_replicas_per_worker(cpus_per_worker if not num_gpus else 1):
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options)
+
+    def create():
+        with _cpu_replicas_per_worker(cpus_per_worker if not num_gpus else 1):
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver, communication_options=options)
+
+    # The coordinated tasks (chief, workers); without a cluster (no TF_CONFIG) MWMS runs
+    # as one worker: all local devices, nothing to wait for.
+    tasks = [(f"{job} {i}", spec.task_address(job, i)) for job in ("chief", "worker")
+             if job in spec.jobs for i in range(spec.num_tasks(job))]
+    names = [name for name, _ in tasks]
+    me = f"{resolver.task_type} {resolver.task_id}"
+    if len(tasks) < 2 or me not in names:
+        return create()
+    _configure_coordination(spec, peer_timeout_s)
+    return join_cluster(tasks, names.index(me), startup_timeout_s, create)
 
 
-def _configure_failure_detection(spec, peer_timeout_s):
-    """Sets the coordination service's heartbeat timeout before MWMS starts it.
-
-    MultiWorkerMirroredStrategy configures the service itself only if nobody did, with
-    TensorFlow's default timeout; this is the same configuration with ours.
-    """
-    if peer_timeout_s <= 0:
-        raise errors.ConfigError(f"--peer_timeout_s must be > 0; Received: {peer_timeout_s}")
+def _configure_coordination(spec, peer_timeout_s):
+    """Configures the coordination service before MWMS starts it: MWMS configures it only
+    if nobody did, with TensorFlow's default heartbeat timeout; this is the same
+    configuration with --peer_timeout_s (a worker silent this long is lost; None: the
+    default)."""
     jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
             for job in ("chief", "worker") if job in spec.jobs]
     context.context().configure_coordination_service(
         service_type="standalone",
         service_leader=multi_worker_util.coordination_leader(spec),
-        heartbeat_timeout_in_ms=int(peer_timeout_s * 1000),
+        heartbeat_timeout_in_ms=int(peer_timeout_s * 1000) if peer_timeout_s else 0,
         coordinated_jobs=jobs)
+
+
+def join_cluster(tasks, me, timeout_s, create):
+    """create() (what starts TensorFlow's cluster: MultiWorkerMirroredStrategy, DTensor's
+    initialize_accelerator_system) once every task answers (startup.wait_for_peers), with
+    the deadline's remaining time as TensorFlow's registration deadline.
+
+    Args:
+        tasks: [(name, "host:port")] of the cluster's tasks; me: this task's index.
+    Raises:
+        startup.StartupTimeout: the cluster did not form in time, naming whom it missed.
+        startup.Interrupted: SIGTERM / SIGINT while waiting.
+    """
+    left = startup.wait_for_peers(tasks, me, timeout_s, log=logging.info)
+    try:
+        with register_deadline(left):
+            return create()
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+        # Every task answered, then one stopped before registering (or registration ran
+        # past the deadline): TensorFlow names the tasks it missed as /job:J/.../task:N.
+        message = str(getattr(e, "message", e))
+        named = {f"{j} {n}" for j, n in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)",
+                                                   message)}
+        missed = [f"{n} ({a})" for n, a in tasks if n in named and n != tasks[me][0]]
+        raise startup.StartupTimeout(
+            f"the cluster did not form within --startup_timeout_s={float(timeout_s):g}: "
+            f"every task answered, then TensorFlow's registration failed"
+            f"{' waiting for ' + ', '.join(missed) if missed else ''} "
+            f"(this is {tasks[me][0]} at {tasks[me][1]}): {first_cause(message)}") from None
+
+
+@contextlib.contextmanager
+def register_deadline(seconds):
+    """Inside, TensorFlow's coordination service (configured by us for MWMS, or by
+    DTensor's initialize_multi_client_cluster, which configures its own) waits at most
+    `seconds` for every task to register, ALL tasks at one barrier: without it the leader
+    (task 0) waited with no end for a task that never came (TF 2.21; a non-leader's
+    registration RPC has a deadline of its own)."""
+    def limit(config):
+        config.cluster_register_timeout_in_ms = max(int(seconds * 1000), 1000)
+        config.cluster_register_with_barrier = True
+
+    cls = type(context.context())
+    original = cls.configure_coordination_service
+
+    def configure(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        limit(self._coordination_service_config)
+
+    if context.context().coordination_service is not None:  # Configured already (MWMS).
+        limit(context.context().coordination_service)
+    cls.configure_coordination_service = configure
+    try:
+        yield
+    finally:
+        cls.configure_coordination_service = original
 
 
 @contextlib.contextmanager

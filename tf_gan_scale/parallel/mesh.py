@@ -22,7 +22,9 @@ from tensorflow.experimental import dtensor
 
 from tf_gan_scale import errors
 from tf_gan_scale.cluster import env
+from tf_gan_scale.cluster import startup
 from tf_gan_scale.cluster.mesh_spec import BATCH, MODEL, check
+from tf_gan_scale.distribute import strategies
 from tf_gan_scale.parallel import tensors
 
 
@@ -60,17 +62,21 @@ def make(dims, kind=None):
 
 # ---- several processes: DTensor clients ----------------------------------------------
 
-def initialize(num_cpu_devices=None):
+def initialize(num_cpu_devices=None, startup_timeout_s=startup.DEFAULT_TIMEOUT_S):
     """Starts this process's part of the mesh: the DTENSOR_* variables (client_env_from)
     into os.environ, then `dtensor.initialize_accelerator_system`. Must run before any
     other TensorFlow op, like MultiWorkerMirroredStrategy. With several clients each
     gets a gRPC server at its DTENSOR_JOBS address and the coordination service (on
     client 0) heartbeats them: a lost client fails the others' collectives with an error
-    naming it (TensorFlow's default timeout) instead of a hang.
+    naming it (TensorFlow's default timeout) instead of a hang. The clients first wait
+    for each other with a deadline, as multi-worker tasks do
+    (`distribute.strategies.join_cluster`): a client that never comes, or a SIGTERM
+    during the wait, ends it with one line (startup.StartupTimeout / Interrupted).
 
     Args:
         num_cpu_devices: logical CPU devices per process (the CPU's devices when there is
             no accelerator); None: as configured.
+        startup_timeout_s: how long to wait for the other clients.
 
     Returns:
         The device type ("CPU", "GPU" or "TPU").
@@ -80,7 +86,15 @@ def initialize(num_cpu_devices=None):
     if num_cpu_devices is not None and num_cpu_devices < 1:
         raise errors.ConfigError(f"--num_cpu_devices must be >= 1; Received: "
                                  f"{num_cpu_devices}")
-    return dtensor.initialize_accelerator_system(kind, num_logical_cpu_devices=num_cpu_devices)
+    startup.check_timeout(startup_timeout_s)
+    create = lambda: dtensor.initialize_accelerator_system(  # noqa: E731
+        kind, num_logical_cpu_devices=num_cpu_devices)
+    jobs = [h for h in os.environ.get("DTENSOR_JOBS", "").split(",") if h.strip()]
+    if len(jobs) < 2:
+        return create()
+    tasks = [(f"client {i}", address) for i, address in enumerate(jobs)]
+    return strategies.join_cluster(tasks, int(os.environ["DTENSOR_CLIENT_ID"]),
+                                   startup_timeout_s, create)
 
 
 def clients():
