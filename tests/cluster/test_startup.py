@@ -71,16 +71,40 @@ def test_a_listener_that_is_not_a_waiting_task_does_not_count():
         server.close()
 
 
-def test_sigterm_while_waiting_raises_interrupted_and_restores_the_handlers():
-    before = signal.getsignal(signal.SIGTERM)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+def test_a_peer_that_says_hello_but_cannot_be_reached_is_still_missing():
+    # Worker 0 reaches worker 1 (its hello arrives, every 0.1 s) but listens nowhere that
+    # worker 1 can reach: worker 1 must not move on, since worker 0 still waits for its
+    # hello. A hello of ANOTHER cluster (other addresses) counts for nothing either.
+    cluster, stop = tasks(2), threading.Event()
+    other = [(n, a.replace("localhost", "127.0.0.1")) for n, a in cluster]
+
+    def say_hello():
+        while not stop.is_set():
+            for hello in (startup._hello(cluster, 0), startup._hello(other, 0)):
+                startup._say_hello(cluster[1][1], hello, 0.5)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=say_hello)
+    thread.start()
+    try:
+        with pytest.raises(startup.StartupTimeout, match=r"worker 0 \(localhost:\d+\) did not"):
+            startup.wait_for_peers(cluster, 1, timeout_s=1.5, log=lambda line: None)
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_waiting_raises_interrupted_and_restores_the_handlers(sig):
+    before = signal.getsignal(sig)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), sig))
     timer.start()
     t0 = time.monotonic()
-    with pytest.raises(startup.Interrupted, match="^stopped by SIGTERM while waiting for the "
-                                                  "cluster; nothing was written$"):
+    with pytest.raises(startup.Interrupted, match=f"^stopped by {sig.name} while waiting for "
+                                                  f"the cluster; nothing was written$"):
         startup.wait_for_peers(tasks(2), 0, timeout_s=60, log=lambda line: None)
     assert time.monotonic() - t0 < 2
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(sig) is before
 
 
 @pytest.mark.parametrize("timeout", [0, -1, "5", None])

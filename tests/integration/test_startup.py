@@ -8,6 +8,7 @@ tests/cluster/test_startup.py."""
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -70,4 +71,39 @@ def test_sigterm_while_waiting_for_the_cluster_exits_143_at_once(tmp_path, kind)
     assert code == 143, task.text()[-3000:]
     assert ended - sent < 5
     assert "stopped by SIGTERM while waiting for the cluster; nothing was written" in task.text()
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("kind, me", [("worker", 1), ("worker", 0), ("client", 1)])
+def test_a_peer_that_answers_then_dies_ends_tensorflows_registration_naming_it(
+        tmp_path, kind, me):
+    # The other task (a thread here) answers the Python wait, then stops before
+    # TensorFlow's registration: the binary's registration deadline (the time left) ends
+    # it with one line naming that task; as the leader (task 0) and as a follower.
+    hosts = [f"localhost:{port}" for port in launch.free_ports(2)]
+    names = [(f"{kind} {i}", host) for i, host in enumerate(hosts)]
+    if kind == "worker":
+        env, args = {"TF_CONFIG": cluster_env.tf_config(hosts, me)}, [
+            "--strategy=multi_worker_mirrored"]
+    else:
+        env, args = cluster_env.client_env(hosts, me), ["--mesh=batch:2", "--num_cpu_devices=1"]
+    peer = threading.Thread(target=startup.wait_for_peers, args=(names, 1 - me, 60),
+                            kwargs={"log": lambda line: None}, daemon=True)
+    workdir = tmp_path / "run"
+    task = Task(tmp_path, "task", [*TINY, f"--workdir={workdir}", "--startup_timeout_s=10",
+                                   *args], env)
+    try:
+        peer.start()
+        task.wait_for("all 2 tasks answered")
+        joined = time.monotonic()
+        code, ended = task.finish(60)
+    finally:
+        task.close()
+    assert code == 1, task.text()[-3000:]
+    assert ended - joined < 10 + 8, task.text()[-3000:]  # TensorFlow's RPC adds ~5 s.
+    errors = [line for line in task.text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: the cluster did not form within --startup_timeout_s=10: every task "
+        f"answered, then TensorFlow's registration failed waiting for {kind} {1 - me} "
+        f"({hosts[1 - me]}) (this is {kind} {me} at {hosts[me]}): "), task.text()[-3000:]
     assert not workdir.exists()

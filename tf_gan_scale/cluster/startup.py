@@ -26,6 +26,7 @@ This module does not import TensorFlow.
 """
 
 import contextlib
+import hashlib
 import signal
 import socket
 import threading
@@ -88,40 +89,62 @@ def _listen(port, address):
                                  f"address") from None
 
 
-def _hello(index):
-    return f"{_HELLO} {index}\n".encode()
+def _hello(tasks, index):
+    """What task `index` sends its peers: it names the cluster (a digest of every task's
+    name and address), so a task of another cluster, or of an older attempt on the same
+    ports, is not taken for a peer."""
+    digest = hashlib.sha256(repr(list(tasks)).encode()).hexdigest()[:16]
+    return f"{_HELLO} {digest} {index}\n".encode()
 
 
-def _say_hello(address, index, timeout_s):
-    """Connects to a peer's listener and tells it this task's index; True if it listened."""
+def _say_hello(address, hello, timeout_s):
+    """Connects to a peer's listener and sends `hello`; True if it listened."""
     host, port = split_address(address)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
-            conn.sendall(_hello(index))
+            # On one host, a connection to a port nobody listens on can connect the socket
+            # to itself (TCP simultaneous open; ports of the ephemeral range): not a peer.
+            if conn.getsockname() == conn.getpeername():
+                return False
+            conn.sendall(hello)
             return True
     except OSError:  # Refused, unreachable, unknown host (yet), timed out: not up yet.
         return False
 
 
-def _listen_for_hellos(listener, heard, stop):
-    """Accepts connections on `listener` until `stop` is set; adds the index of each peer
-    that says hello to `heard` (anything else, e.g. a port scanner, is ignored)."""
+def _read_hello(conn, prefix, heard):
+    """Reads one line (at most 128 bytes, within 1 s) from an accepted connection; a hello
+    of this cluster (`prefix` + index) adds the index to `heard`, anything else (a port
+    scanner, a health probe) is ignored."""
+    with conn:
+        conn.settimeout(1.0)
+        data = b""
+        try:
+            while b"\n" not in data and len(data) < 128:
+                chunk = conn.recv(128)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            return
+    line = data.split(b"\n", 1)[0].decode("ascii", "replace")
+    if line.startswith(prefix) and line[len(prefix):].isdigit():
+        heard.add(int(line[len(prefix):]))
+
+
+def _listen_for_hellos(listener, prefix, heard, stop):
+    """Accepts connections on `listener` until `stop` is set, each read in its own short
+    thread (an idle connection delays no other)."""
     listener.settimeout(0.1)
     while not stop.is_set():
         try:
             conn, _ = listener.accept()
         except (TimeoutError, socket.timeout):
             continue
-        except OSError:
-            return
-        with conn:
-            conn.settimeout(1.0)
-            try:
-                words = conn.recv(64).decode("ascii", "replace").split()
-            except OSError:
-                continue
-        if len(words) == 3 and " ".join(words[:2]) == _HELLO and words[2].isdigit():
-            heard.add(int(words[2]))
+        except OSError:  # E.g. ECONNABORTED: a client gave up before the accept.
+            time.sleep(0.05)
+            continue
+        threading.Thread(target=_read_hello, args=(conn, prefix, heard), daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -141,7 +164,8 @@ def _signals_raise():
         yield
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, old)
+            # None: the previous handler was not Python's (it cannot be put back).
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
 
 
 def wait_for_peers(tasks, me, timeout_s=DEFAULT_TIMEOUT_S, *, log=print, poll_s=0.2,
@@ -171,8 +195,10 @@ def wait_for_peers(tasks, me, timeout_s=DEFAULT_TIMEOUT_S, *, log=print, poll_s=
         split_address(peer)
     listener = _listen(split_address(address)[1], address)
     heard, stop = set(), threading.Event()
-    hearing = threading.Thread(target=_listen_for_hellos, args=(listener, heard, stop),
-                               daemon=True)
+    hello = _hello(tasks, me)
+    prefix = hello.decode().rsplit(" ", 1)[0] + " "  # Ours but for the index.
+    hearing = threading.Thread(target=_listen_for_hellos,
+                               args=(listener, prefix, heard, stop), daemon=True)
     hearing.start()
     reached = set()
     try:
@@ -183,7 +209,7 @@ def wait_for_peers(tasks, me, timeout_s=DEFAULT_TIMEOUT_S, *, log=print, poll_s=
             while missing:
                 for i, (_, peer) in sorted(missing.items()):
                     if i not in reached and _say_hello(
-                            peer, me, max(min(1.0, deadline - clock()), 0.05)):
+                            peer, hello, max(min(1.0, deadline - clock()), 0.05)):
                         reached.add(i)
                     if i in reached and i in heard:
                         del missing[i]

@@ -214,20 +214,28 @@ def _configure_coordination(spec, peer_timeout_s):
         coordinated_jobs=jobs)
 
 
-def join_cluster(tasks, me, timeout_s, create):
+REGISTER_CAP_S = 60.0
+
+
+def join_cluster(tasks, me, timeout_s, create, tf_names=None):
     """create() (what starts TensorFlow's cluster: MultiWorkerMirroredStrategy, DTensor's
     initialize_accelerator_system) once every task answers (startup.wait_for_peers), with
-    the deadline's remaining time as TensorFlow's registration deadline.
+    the deadline's remaining time as TensorFlow's registration deadline, at most
+    REGISTER_CAP_S: every task has answered by then, so registering is a matter of
+    seconds, and during it TensorFlow's own SIGTERM handler holds the signal (a SIGTERM
+    then acts after registration fails, or at the first step: a preemption checkpoint).
 
     Args:
         tasks: [(name, "host:port")] of the cluster's tasks; me: this task's index.
+        tf_names: how TensorFlow names each task in its errors ("worker 3" for
+            /job:worker/replica:0/task:3); default: the names of `tasks`.
     Raises:
         startup.StartupTimeout: the cluster did not form in time, naming whom it missed.
         startup.Interrupted: SIGTERM / SIGINT while waiting.
     """
     left = startup.wait_for_peers(tasks, me, timeout_s, log=logging.info)
     try:
-        with register_deadline(left):
+        with register_deadline(min(left, REGISTER_CAP_S)):
             return create()
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
         # Every task answered, then one stopped before registering (or registration ran
@@ -235,7 +243,8 @@ def join_cluster(tasks, me, timeout_s, create):
         message = str(getattr(e, "message", e))
         named = {f"{j} {n}" for j, n in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)",
                                                    message)}
-        missed = [f"{n} ({a})" for n, a in tasks if n in named and n != tasks[me][0]]
+        missed = [f"{n} ({a})" for (n, a), t in zip(tasks, tf_names or [n for n, _ in tasks])
+                  if t in named and n != tasks[me][0]]
         raise startup.StartupTimeout(
             f"the cluster did not form within --startup_timeout_s={float(timeout_s):g}: "
             f"every task answered, then TensorFlow's registration failed"

@@ -93,8 +93,10 @@ def initialize(num_cpu_devices=None, startup_timeout_s=startup.DEFAULT_TIMEOUT_S
     if len(jobs) < 2:
         return create()
     tasks = [(f"client {i}", address) for i, address in enumerate(jobs)]
+    job = os.environ.get("DTENSOR_JOB_NAME", env.JOB)  # TensorFlow's name of the clients.
     return strategies.join_cluster(tasks, int(os.environ["DTENSOR_CLIENT_ID"]),
-                                   startup_timeout_s, create)
+                                   startup_timeout_s, create,
+                                   tf_names=[f"{job} {i}" for i in range(len(jobs))])
 
 
 def clients():
