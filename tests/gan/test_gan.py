@@ -288,19 +288,26 @@ def test_logged_gradient_norms_are_the_global_ones(strategy_name, request):
         np.testing.assert_allclose(logs[key][0], step / 0.05, rtol=1e-4)
 
 
-@pytest.mark.parametrize("ortho_weight", [0.0, 0.1])
-def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
-    # _g_grads back-propagates D's stage to d loss / d fake, then G's (so a placement can
-    # run each on its device): it must be the gradient of one tape over G, D and the
-    # orthogonal regularizer. Dropout on in D, batch norm in both.
-    from tf_gan_scale.gan import regularizers
+def sgd_dcgan(**compile_kwargs):
+    """A tiny DCGAN (dropout in D, batch norm in both) compiled with SGD and
+    `compile_kwargs`, from seed 0."""
     keras.utils.set_random_seed(0)
     g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
                                d_dropout=0.3, d_norm="batch", g_channels=(16, 8, 4),
                                d_channels=(4, 8))
     model = gan.GAN(g, d, LATENT, seed=5)
     model.compile(g_optimizer=keras.optimizers.SGD(), d_optimizer=keras.optimizers.SGD(),
-                  ortho_weight=ortho_weight)
+                  **compile_kwargs)
+    return model
+
+
+@pytest.mark.parametrize("ortho_weight", [0.0, 0.1])
+def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
+    # _g_grads back-propagates D's stage to d loss / d fake, then G's (so a placement can
+    # run each on its device): it must be the gradient of one tape over G, D and the
+    # orthogonal regularizer. Dropout on in D, batch norm in both.
+    from tf_gan_scale.gan import regularizers
+    model = sgd_dcgan(ortho_weight=ortho_weight)
     rows, step = tf.range(GB), tf.constant(3, tf.int64)
     state = [w.numpy() for w in model.generator.weights + model.discriminator.weights]
     grads, share = model.gan_step.g_grads(rows, GB, step)
@@ -326,13 +333,7 @@ def test_d_gradient_is_the_gradient_of_the_loss_share_it_reports(penalty):
     # tape) passes them; the logged-loss test checks the share itself. An outer tape over
     # the same forward pass gives the true gradient of the reported share. Dropout and
     # batch norm in D; R1 adds a double backprop.
-    keras.utils.set_random_seed(0)
-    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
-                               d_dropout=0.3, d_norm="batch", g_channels=(16, 8, 4),
-                               d_channels=(4, 8))
-    model = gan.GAN(g, d, LATENT, seed=5)
-    model.compile(g_optimizer=keras.optimizers.SGD(), d_optimizer=keras.optimizers.SGD(),
-                  penalty=penalty, penalty_weight=10.0 if penalty else 0.0)
+    model = sgd_dcgan(penalty=penalty, penalty_weight=10.0 if penalty else 0.0)
     real = tf.random.stateless_uniform([GB, 8, 8, 1], [1, 2], -1.0, 1.0)
     with tf.GradientTape() as tape:
         grads, share, _ = model.gan_step.d_grads(real, tf.zeros([GB], tf.int32), tf.range(GB),

@@ -74,7 +74,23 @@ def assert_same_checkpoint(actual, expected, atol=0.0):
                                  sorted(bad.items(), key=lambda kv: -kv[1])[:12]))
 
 
-class Launcher:
+class _Output:
+    """A process (`self.proc`) whose output goes to the file `self.log`."""
+
+    def text(self):
+        return self.log.read_text()
+
+    def wait_for(self, needle, timeout=120):
+        """Waits until `needle` is in the output; returns time.monotonic() then."""
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} not seen:\n{self.text()[-3000:]}")
+            time.sleep(0.05)
+        return time.monotonic()
+
+
+class Launcher(_Output):
     """tools/launch_local.py running a training command; its output goes to a file.
     With `mesh` ("batch:B,model:M"), the workers are DTensor clients of one mesh
     (launch_local --mesh), else multi-worker (--strategy=multi_worker_mirrored)."""
@@ -94,15 +110,6 @@ class Launcher:
             cwd=REPO, env=ENV, stdout=self._file, stderr=subprocess.STDOUT,
             start_new_session=True)
 
-    def text(self):
-        return self.log.read_text()
-
-    def wait_for(self, needle, timeout=120):
-        deadline = time.monotonic() + timeout
-        while needle not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{needle!r} not seen:\n{self.text()[-3000:]}")
-            time.sleep(0.1)
 
     def worker_pids(self):
         """{index: pid} of the launcher's current workers."""
@@ -154,7 +161,7 @@ class Launcher:
         self._file.close()
 
 
-class Task:
+class Task(_Output):
     """One worker or DTensor client of the binary, started by hand (not by the launcher:
     the start-up tests start tasks apart, or only one); its output goes to a file.
     `env`: its TF_CONFIG or DTENSOR_* variables."""
@@ -167,17 +174,6 @@ class Task:
             env=dict(ENV, **env), stdout=self._file, stderr=subprocess.STDOUT,
             start_new_session=True)
 
-    def text(self):
-        return self.log.read_text()
-
-    def wait_for(self, needle, timeout=120):
-        """Waits until `needle` is in the output; returns time.monotonic() then."""
-        deadline = time.monotonic() + timeout
-        while needle not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{needle!r} not seen:\n{self.text()[-3000:]}")
-            time.sleep(0.05)
-        return time.monotonic()
 
     def finish(self, timeout=300):
         """The exit code, and time.monotonic() when the exit was seen."""
