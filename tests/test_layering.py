@@ -155,3 +155,15 @@ def test_importing_the_cluster_package_loads_no_tensorflow(module):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, env=dict(os.environ, TF_GAN_SCALE_COLD_START="1"))
     assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]
+
+
+def test_test_files_have_unique_basenames():
+    """The test folders are not packages (rootdir-relative imports): two test files of
+    one basename make pytest's collection of the whole suite fail ("import file
+    mismatch"), which a run of either folder alone does not show."""
+    seen = {}
+    for folder, _, files in os.walk(os.path.join(REPO, "tests")):
+        for f in files:
+            if f.startswith("test_") and f.endswith(".py"):
+                seen.setdefault(f, []).append(os.path.relpath(os.path.join(folder, f), REPO))
+    assert not {f: p for f, p in seen.items() if len(p) > 1}

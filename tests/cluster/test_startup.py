@@ -1,7 +1,7 @@
 """cluster/startup.py in this process (real sockets over loopback, real signals, no
 TensorFlow): the deadline names the task that never came, late peers within it are fine,
 SIGTERM ends the wait, and the launcher names a worker that never joined. The same with
-the real binary, for workers and DTensor clients, is in tests/integration/test_startup.py."""
+the real binary, for workers and DTensor clients, is in tests/integration/test_cluster_startup.py."""
 
 import io
 import os
