@@ -9,7 +9,10 @@ init, hinge loss, Adam(2e-4, beta_1=0, beta_2=0.999) for both, 4 D updates per G
 EMA of G (decay 0.9999 from step 1,000) used for samples and scores. BigGAN-PyTorch trains
 batch 50 for 500 epochs on 2 GPUs; here the global batch is 64 (divisible by 1, 2, 4 or 8
 replicas) and 100k G steps (~512 epochs of 50k images at 4 D batches per step).
-Data: tfds:cifar10 with its labels (config.model.conditional=True).
+Data: tfds:cifar10 with its labels (config.model.conditional=True); 150 MB, held in memory:
+the same order on any topology and exact resume. Or prepared (docs/data.md):
+`python tools/prepare_data.py --source=tfds:cifar10 --out=DIR`, then
+--config.data.source=arrayrecord:DIR.
 
 Hardware and cost: 2 GPUs in BigGAN-PyTorch; not measured on a GPU here. On this 2-core
 CPU it is far too slow for the full run. Expected result: StudioGAN's benchmark lists

@@ -15,7 +15,11 @@ projection D, spectral norm in G and D, orthogonal init. Training: hinge loss, g
 Adam(beta_1=0, beta_2=0.999), G lr 1e-4, D lr 4e-4 (TTUR), 2 D updates per G update,
 orthogonal regularization 1e-4, EMA of G with decay 0.9999 from step 20,000, truncation
 at sampling time (tools/sample.py --truncation=...). Data: tfds:imagenet2012 (manual
-download; TFDS must prepare it once), center-cropped and resized to 128x128 (@128).
+download; TFDS must prepare it once), center-cropped and resized to 128x128 (@128). At
+63 GB of pixels it streams (order depends on the worker count, resume skips): for several
+workers or exact resume prepare it once (docs/data.md) and train on the prepared copy:
+    python tools/prepare_data.py --source=tfds:imagenet2012@128 --out=/data/in128
+    ... --config.data.source=arrayrecord:/data/in128
 
 Hardware and expected cost (from the sources, not measured here: not measured on a GPU):
 the paper trains on a TPU v3 pod with 128 cores for 128x128, "between 24 and 48 hours"

@@ -7,7 +7,8 @@ The paper's CIFAR-10 ResNet setting: G with three 256-channel up-blocks (4 -> 32
 four 128-channel blocks (two downsampling), spectral norm in D, hinge loss, Adam(2e-4,
 beta_1=0, beta_2=0.9), n_dis = 5 D updates per G update, batch 64, 50k G steps, learning
 rate decayed linearly to 0. Data: tfds:cifar10 (downloaded once by TFDS, or
---tfds_data_dir). Scoring: FID against the training set with config.eval (set
+--tfds_data_dir; held in memory; `tools/prepare_data.py --source=tfds:cifar10` prepares it
+as arrayrecord:DIR, docs/data.md). Scoring: FID against the training set with config.eval (set
 config.eval.extractor=inception_v3, needs its weights: see docs/evaluation.md).
 
 Hardware and cost: one GPU in the paper; not measured on a GPU here. On this 2-core CPU a

@@ -106,7 +106,7 @@ IN_PROCESS = [
     (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
     (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
                                      "train: accumulation_steps, augment, checkpoint_every,"),
-    (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: embedded, folder"),
+    (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: arrayrecord, embedded"),
     (["--config.data.source=npz:/no/such.npz"], "npz file not found: '/no/such.npz'"),
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
     (["--config.model.name=stylegan"],

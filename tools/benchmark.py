@@ -57,6 +57,8 @@ flags.DEFINE_boolean("input_only", False, "Time the input pipeline alone against
                      "step (no baseline); reports input_headroom.")
 flags.DEFINE_float("input_seconds", 2.0, "--input_only: time the pipeline for at least this "
                    "long per repeat (and at least --steps calls).")
+flags.DEFINE_list("input_resume_positions", [], "--input_only: also time the first batch "
+                  "of a resume at these example positions (e.g. 1e5,1e9).")
 flags.DEFINE_string("eval_extractor", None, "Time scoring with this extractor instead.")
 flags.DEFINE_integer("eval_samples", 50000, "Generated examples scored (--eval_extractor).")
 flags.DEFINE_integer("eval_batch_size", 512, "Global evaluation batch (--eval_extractor).")
@@ -122,7 +124,10 @@ def main(argv):
     elif FLAGS.input_only:
         result = benchmark.time_input(config, strategy, source, steps=FLAGS.steps,
                                       warmup=FLAGS.warmup, repeats=FLAGS.repeats,
-                                      min_seconds=FLAGS.input_seconds, **common)
+                                      min_seconds=FLAGS.input_seconds,
+                                      resume_positions=[float(p) for p in
+                                                        FLAGS.input_resume_positions],
+                                      **common)
     else:
         if FLAGS.baseline and training.num_classes(config, source.num_classes):
             raise errors.ConfigError("--baseline (a plain unconditional Keras GAN) does not "

@@ -153,14 +153,18 @@ def test_truncated_image_is_named_at_load_time(tmp_path, monkeypatch, ext, strea
     assert "\n" not in str(e.value)
 
 
-def test_streamed_folder_decodes_like_the_in_memory_one(tmp_path, monkeypatch):
+def test_a_folder_past_memory_reads_files_by_index_like_the_in_memory_one(tmp_path, monkeypatch):
     write_image_folder(tmp_path, 4)
-    want = data.load(f"folder:{tmp_path}").arrays["x"]
+    want = data.load(f"folder:{tmp_path}")
     monkeypatch.setattr(sources, "IN_MEMORY_BYTES", 0)
     s = data.load(f"folder:{tmp_path}")
-    assert s.arrays is None and s.shape == (64, 64, 3)
-    got = np.stack([ex["x"] for ex in s.stream.as_numpy_iterator()])
-    np.testing.assert_array_equal(got, sources.to_float(want).numpy())
+    assert s.arrays is None and s.read is not None and s.shape == (64, 64, 3)
+    got = s.read(tf.constant([3, 0, 2], tf.int64))
+    np.testing.assert_array_equal(got["x"].numpy(), want.arrays["x"][[3, 0, 2]])
+    np.testing.assert_array_equal(got["label"].numpy(), want.arrays["label"][[3, 0, 2]])
+    for a, b in zip(batches(data.make_dataset(s, global_batch_size=2, seed=3), 4),
+                    batches(data.make_dataset(want, global_batch_size=2, seed=3), 4)):
+        np.testing.assert_array_equal(a["x"], b["x"])
 
 
 def test_folder_mixing_grey_rgb_rgba_converts_to_the_widest(tmp_path, caplog):
@@ -280,7 +284,7 @@ def test_tfds_through_mock_data():
 
 def test_bad_sources():
     with pytest.raises(errors.ConfigError, match="unknown data source kind 'hub'; valid: "
-                                                 "embedded, folder, npz, tfds, toy"):
+                                                 "arrayrecord, embedded, folder, npz, tfds, toy"):
         data.load("hub:x")
     with pytest.raises(errors.ConfigError, match="valid: grid25, ring8"):
         data.load("toy:grid9")

@@ -42,6 +42,8 @@ def cases():
     dcgan = {"model.d_norm": "batch", "model.d_dropout": 0.0}
     return {
         "sgd": (dcgan, "digits"),
+        # The same on a prepared ArrayRecord dataset, read by index on each worker.
+        "arrayrecord": (dcgan, "digits_arrayrecord"),
         "adam": ({**dcgan, "train.g_optimizer": {"name": "adam", "learning_rate": 1e-3},
                   "train.d_optimizer": {"name": "adam", "learning_rate": 1e-3}}, "digits"),
         "dropout": ({**dcgan, "model.d_dropout": 0.3}, "digits"),
@@ -113,6 +115,15 @@ def load_source(name):
     from tf_gan_scale import data
     if name == "digits":
         return data.load("embedded:digits")
+    if name == "digits_arrayrecord":  # Digits as uint8 (0..16 -> 0..240), prepared here.
+        import tempfile
+        from tf_gan_scale.data import prepared
+        digits = data.load("embedded:digits").arrays
+        pixels = np.round((digits["x"] + 1.0) * 8.0 * 15.0).astype(np.uint8)
+        out = os.path.join(tempfile.mkdtemp(), "digits")  # Each process its own copy.
+        prepared.write(out, [(pixels, digits["label"])], num_examples=len(pixels),
+                       shape=pixels.shape[1:], num_classes=10, num_shards=3)
+        return data.load(f"arrayrecord:{out}")
     if name == "digits16":  # 16x16 (each pixel 2x2): G's 8x8 block and D's first share 8x8.
         digits = data.load("embedded:digits").arrays
         x = np.repeat(np.repeat(digits["x"], 2, axis=1), 2, axis=2)
@@ -153,6 +164,36 @@ def rows_match_pipeline(strategy):
     return total
 
 
+def rows_match_per_worker_input(strategy):
+    """As rows_match_pipeline, for the per-worker input (data.input_fn: each worker
+    builds only its replicas' rows): the example at global row i of batch g must be the
+    pipeline's permutation of position g*GB + i, on every replica."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_gan_scale import data, replica
+    from tf_gan_scale.data import pipeline
+    n = 100
+    source = data.from_arrays("ids", np.zeros((n, 2), np.float32), np.arange(n))
+    per = GLOBAL_BATCH // strategy.num_replicas_in_sync
+
+    @tf.function
+    def check(batch, g):
+        def one(batch):
+            rows = g * GLOBAL_BATCH + tf.cast(replica.global_rows(per), tf.int64)
+            want = tf.cast(pipeline.permuted(rows, n, 7), tf.int32)
+            ok = tf.reduce_all(batch["label"] == want)
+            return tf.stack([1 - tf.cast(ok, tf.int32), 1])
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(one, args=(batch,)),
+                               axis=None)
+
+    total = np.zeros(2, np.int64)
+    dist = data.distribute(data.input_fn(source, global_batch_size=GLOBAL_BATCH, seed=7,
+                                         start_batch=5), strategy)
+    for g, batch in zip(range(5, 9), dist):  # From batch 5: a resumed position.
+        total += check(batch, tf.constant(g, tf.int64)).numpy()
+    return total
+
+
 def main(argv):
     del argv
     import numpy as np
@@ -167,6 +208,7 @@ def main(argv):
     if FLAGS.scale_error:
         replica.global_mean = lambda per_example, global_batch: tf.reduce_mean(per_example)
     out = {"rows": rows_match_pipeline(strategy),
+           "rows_per_worker_input": rows_match_per_worker_input(strategy),
            "num_replicas": np.array(strategy.num_replicas_in_sync)}
     multi_worker = FLAGS.strategy == "multi_worker_mirrored"
     for name, (overrides, source_name, *steps) in cases().items():
@@ -177,7 +219,7 @@ def main(argv):
         with strategy.scope():
             model = training.build_gan(config, source.shape, source.num_classes)
         dataset = data.distribute(
-            data.make_dataset(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
+            data.input_fn(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
         if multi_worker:
             model.make_train_function()
             out[f"collectives/{name}"] = np.array(count_collectives(model, dataset, strategy))

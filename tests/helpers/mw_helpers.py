@@ -96,7 +96,7 @@ class Launcher(_Output):
     (launch_local --mesh), else multi-worker (--strategy=multi_worker_mirrored)."""
 
     def __init__(self, tmp_path, train_args, *, num_workers=2, devices_per_worker=1,
-                 max_restarts=0, grace_s=60, name="launch", mesh=None):
+                 max_restarts=0, grace_s=60, name="launch", mesh=None, env=None):
         self.log = tmp_path / f"{name}.log"
         self._file = open(self.log, "w")
         mode = ([f"--mesh={mesh}"], []) if mesh else ([], ["--strategy=multi_worker_mirrored"])
@@ -107,8 +107,8 @@ class Launcher(_Output):
              f"--devices_per_worker={devices_per_worker}", f"--max_restarts={max_restarts}",
              f"--grace_s={grace_s}", *mode[0], "--", sys.executable, "-m",
              "tf_gan_scale.main", *mode[1], *train_args],
-            cwd=REPO, env=ENV, stdout=self._file, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cwd=REPO, env=dict(ENV, **(env or {})), stdout=self._file,
+            stderr=subprocess.STDOUT, start_new_session=True)
 
 
     def worker_pids(self):

@@ -41,7 +41,7 @@ from helpers.mw_helpers import ENV, max_relative_diff
 
 TOL = 1e-5
 ADAM_TOL = 3e-3
-SGD_CASES = ["sgd", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean", "biggan",
+SGD_CASES = ["sgd", "arrayrecord", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean", "biggan",
              "stabilizers", "no_bn", "accumulate", "accumulate_bn", "packed"]
 # The 1 vs default intra-op threads floor (measured 2026-11-30 on every case): wgan_gp's
 # double backprop rounds most (3.1e-7), the others <= 5e-8; biggan is the deepest graph,
@@ -63,7 +63,8 @@ DEFAULT_RUNS = ["one_device", "workers2x2"]  # "workers2x2": tools/launch_local.
 # workers2x2 (default tier, the same cases on 4 replicas of 2 processes): the penalties,
 # the D-side stabilizers and gradient packs, per-row and per-variable code that 4
 # in-process replicas run no differently (each ~16 CPU-s here: 4 replicas are traced).
-MIRRORED4_CASES = [c for c in SGD_CASES if c not in ("wgan_gp", "r1", "stabilizers", "packed")]
+MIRRORED4_CASES = [c for c in SGD_CASES
+                   if c not in ("arrayrecord", "wgan_gp", "r1", "stabilizers", "packed")]
 SLOW_RUNS = {  # name: flags of tests/helpers/equivalence_run.py
     "mirrored4": ["--strategy=mirrored", "--num_cpu_devices=4",
                   f"--cases={','.join(MIRRORED4_CASES + ['bf16'])}"],
@@ -223,11 +224,14 @@ def test_adam_is_close(runs):
 def test_replica_rows_are_the_rows_the_pipeline_delivers(runs, name):
     # With 2 workers x 2 replicas, worker 0's replicas hold rows [0:4] and [8:12] of 16;
     # every replica of every worker is checked on 4 batches (summed over the cluster).
+    # Both ways in: a dataset of global batches (Keras notebooks) and the per-worker input
+    # the binary uses (each worker builds only its rows, from a resumed position).
     result = runs[name]
-    wrong, checked = result["rows"]
-    assert checked == 4 * int(result["num_replicas"]) == 4 * {
-        "one_device": 1, "workers2x2": 4, "mirrored4": 4}[name], name
-    assert wrong == 0, name
+    for key in ("rows", "rows_per_worker_input"):
+        wrong, checked = result[key]
+        assert checked == 4 * int(result["num_replicas"]) == 4 * {
+            "one_device": 1, "workers2x2": 4, "mirrored4": 4}[name], (name, key)
+        assert wrong == 0, (name, key)
 
 
 def test_one_collective_per_purpose(runs):

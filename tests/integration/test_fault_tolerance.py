@@ -215,3 +215,49 @@ def test_sigterm_to_a_single_process_run_saves_and_resumes(tmp_path):
     assert f"ckpt-{step} at step {step} of {step + 5}" in proc.stderr
     reference = straight_run(tmp_path, step + 5, "--strategy=mirrored", "--num_cpu_devices=2")
     assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(reference))
+
+
+@pytest.fixture(scope="module")
+def stream_dir(tmp_path_factory):
+    """A TFDS TFRecord build of 256 8x8 grey images in 3 files (the digits' shape), which
+    the workers stream (TF_GAN_SCALE_IN_MEMORY_BYTES=0): each reads its half."""
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+    d = str(tmp_path_factory.mktemp("tfds"))
+    x = np.random.default_rng(0).integers(0, 256, (256, 8, 8, 1), dtype=np.uint8)
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="grey_stream", version="1.0.0", data_dir=d, disable_shuffling=True,
+        features=tfds.features.FeaturesDict({"image": tfds.features.Image(shape=(8, 8, 1)),
+                                             "label": tfds.features.ClassLabel(num_classes=10)}),
+        split_datasets={"train": tf.data.Dataset.from_tensor_slices(
+            {"image": x, "label": np.arange(256) % 10})},
+        file_format="tfrecord", download_config=tfds.download.DownloadConfig(num_shards=3))
+    return d
+
+
+def test_sigterm_on_a_streamed_tfds_source_resumes_at_each_workers_position(
+        tmp_path, stream_dir):
+    # Issue 25's regression test: before, each worker's stream skipped the GLOBAL count
+    # of consumed examples in its own file shard, landing W times too far on resume.
+    args = [*ARGS, "--config.data.source=tfds:grey_stream", f"--tfds_data_dir={stream_dir}",
+            "--config.train.num_steps=40", "--config.train.checkpoint_every=1000"]
+    env = {"TF_GAN_SCALE_IN_MEMORY_BYTES": "0"}
+    reference = Launcher(tmp_path, [f"--workdir={tmp_path / 'ref'}", *args], env=env,
+                         name="ref")
+    assert reference.finish() == 0, reference.text()[-3000:]
+    launcher = Launcher(tmp_path, [f"--workdir={tmp_path / 'run'}", *args], env=env,
+                        max_restarts=1)
+    try:
+        launcher.wait_for("step 10:")
+        os.kill(launcher.worker_pid(1), signal.SIGTERM)
+        assert launcher.finish() == 0, launcher.text()[-3000:]
+    finally:
+        launcher.close()
+    log = launcher.text()
+    step = int(re.findall(r"preemption: saved checkpoint at step (\d+)", log)[0])
+    # Each worker skips its own consumed examples: step x 32 rows / 2 workers.
+    assert log.count(f"skips its {step * 16} consumed examples (exact if the run had 2 "
+                     f"workers)") == 2, log[-3000:]
+    assert_same_checkpoint(checkpoint_arrays(tmp_path / "run"),
+                           checkpoint_arrays(tmp_path / "ref"))

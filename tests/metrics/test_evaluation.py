@@ -276,3 +276,21 @@ def test_class_balance_of_known_histograms():
     with pytest.raises(errors.ConfigError, match="classifier of the data's 10 classes"):
         scoring._real_labels(data.load("embedded:digits"), 5,
                                 type("E", (), {"num_classes": 3, "name": "x"})())
+
+
+@pytest.mark.parametrize("workers,replicas", [(1, 2), (2, 4), (3, 3)])
+def test_each_worker_builds_only_its_rows_of_an_evaluation_pass(workers, replicas):
+    # The real and fake passes on W workers: every row 0..N-1 once over the cluster and
+    # each worker the same number of batches (a finite pass must not leave one waiting).
+    n, gb = 23, 2 * replicas
+    rows = {}
+    for w in range(workers):
+        ctx = tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=w,
+                                         num_replicas_in_sync=replicas)
+        batches = [b["row"].numpy() for b in scoring._per_worker(n, gb, lambda r: {})(ctx)]
+        rows[w] = np.concatenate(batches)
+        assert len(batches) == -(-n // gb) * (replicas // workers)
+    got = np.concatenate(list(rows.values()))
+    np.testing.assert_array_equal(np.sort(got[got >= 0]), np.arange(n))
+    for w in range(workers):
+        assert len(rows[w]) == len(got) // workers

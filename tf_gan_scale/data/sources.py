@@ -12,12 +12,20 @@
   folder:PATH         image files (png/jpg/jpeg/bmp/gif), all one size, either all at the
                       root (label 0) or all in class sub-folders (label: sorted sub-folder
                       index). Names starting with "." are skipped.
+  arrayrecord:DIR     a dataset prepared by tools/prepare_data.py (ArrayRecord shards of
+                      uint8 pixels + labels, dataset.json): random access, any size.
   toy:grid25|ring8    2D mixtures of Gaussians from PacGAN (Lin et al. 2018).
   embedded:digits     scikit-learn's 1,797 handwritten digits (8x8, ships inside the
                       package, so it needs no network): the default.
 
-Sources that fit in memory keep raw arrays (the pipeline permutes indices exactly);
-larger ones stream decoded examples {"x": float32 [*shape], "label": int32 []}.
+Three kinds of access (data/pipeline.py turns each into per-worker batches):
+  - in memory (`arrays`): npz, toy, embedded, folders and TFDS datasets up to
+    IN_MEMORY_BYTES of pixels;
+  - random access (`read`): prepared ArrayRecord directories, TFDS datasets built as
+    ArrayRecord, larger folders (one file per example);
+  - streams (`stream`): TFDS datasets built as TFRecord and larger than memory; they
+    cannot seek, so their order depends on the number of workers (docs/data.md).
+The first two give every global row its example (topology-independent, O(1) resume).
 
 Bad input fails at load time, before training, with one ConfigError naming the file/value:
   - npz: a .npy file (np.save) or any non-zip file; object arrays (never unpickled).
@@ -27,8 +35,9 @@ Bad input fails at load time, before training, with one ConfigError naming the f
   - folder: root images next to sub-folders holding images; sizes that differ; files PIL
     cannot open or verify() (catches cut PNGs). In-memory folders then decode every file,
     naming the first that fails (e.g. a cut JPEG/GIF/BMP). Streamed ones (over
-    IN_MEMORY_BYTES) are only verified, as a full decode pass would cost as much as an
-    epoch: a JPEG/GIF/BMP corrupt past its header fails in training, with TF's error.
+    IN_MEMORY_BYTES, read file by file) are only verified, as a full decode pass would
+    cost as much as an epoch: a JPEG/GIF/BMP corrupt past its header fails in training,
+    with TF's error (tools/prepare_data.py decodes every file once, up front).
   - folder, mixed grey/RGB/RGBA files (GIF counts as RGB): converted, with a warning naming
     a file of each kind, to the widest kind present: grey is replicated to RGB, missing
     alpha is opaque (255); nothing is dropped.
@@ -37,12 +46,14 @@ Bad input fails at load time, before training, with one ConfigError naming the f
 import dataclasses
 import os
 import re
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import errors
+from tf_gan_scale.data import prepared
 
 DEFAULT_SOURCE = "embedded:digits"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
@@ -52,28 +63,77 @@ RANGE_TOLERANCE = 0.01  # Float images may exceed [-1, 1] by rounding; 0..255 is
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """A data source: either in-memory arrays (random access) or a decoded stream.
+    """A data source: in-memory arrays, a random-access reader, or a stream (exactly one).
+
+    Raw examples are {"x": uint8 [*shape] pixels or float32 [*shape] (used as is),
+    "label": int32 []}; `to_float` maps them to model space after batching (so shuffle
+    buffers hold uint8).
 
     Attributes:
         name: the spec it was loaded from.
         num_examples: int.
         shape: example shape, e.g. (H, W, C) or (D,).
         num_classes: number of labels (1 when unlabeled).
-        arrays: {"x": uint8 [N, *shape] (raw pixels) or float32 [N, *shape] (used as is),
-            "label": int32 [N]}, or None for streamed sources.
-        stream: for sources too large for memory, an unbatched tf.data.Dataset of
-            {"x": float32 [*shape], "label": int32 []}; None otherwise.
+        arrays: {"x": [N, *shape], "label": int32 [N]} numpy arrays (maybe memory-mapped).
+        read: random access without holding the data: read(indices int64 [n] tensor) ->
+            raw examples {"x": [n, *shape], "label": int32 [n]} in TF ops (one batched
+            read per call: call it per per-replica batch, never per example).
+        stream: for sources that cannot seek: stream(num_shards, index) -> an unbatched
+            tf.data.Dataset of raw examples, the index-th of num_shards disjoint parts
+            that together cover the data once (a plain Dataset is split with `shard`).
     """
     name: str
     num_examples: int
     shape: tuple
     num_classes: int
     arrays: dict = None
-    stream: tf.data.Dataset = None
+    read: Any = None
+    stream: Any = None
+
+    def reader(self):
+        """read(indices) for in-memory and random-access sources; None for streams."""
+        if self.read is not None:
+            return self.read
+        if self.arrays is None:
+            return None
+        x, labels = self.arrays["x"], self.arrays["label"]
+        dtype = tf.uint8 if x.dtype == np.uint8 else tf.float32
+
+        def read(indices):
+            # A numpy gather (one call per batch) instead of tf.constant(x): no second
+            # copy of the array in the graph, and a memory-mapped npz stays mapped.
+            got_x, got_label = tf.numpy_function(
+                lambda i: (x[i], labels[i]), [indices], [dtype, tf.int32], stateful=False)
+            got_x.set_shape([None, *self.shape])
+            got_label.set_shape([None])
+            return {"x": got_x, "label": got_label}
+        return read
+
+    def shard(self, num_shards, index):
+        """The stream's index-th of num_shards parts (streams only)."""
+        if isinstance(self.stream, tf.data.Dataset):
+            return self.stream.shard(num_shards, index)
+        return self.stream(num_shards, index)
 
 
-# Sources up to this many bytes of raw pixels are held in memory (exact, cheap shuffling).
-IN_MEMORY_BYTES = 2 ** 30
+def examples(source, num=None):
+    """The first `num` (default all) raw examples of `source` in stored order, unbatched.
+    For a stream, its one-part order."""
+    num = source.num_examples if num is None else num
+    if source.arrays is not None:
+        return tf.data.Dataset.from_tensor_slices(
+            {"x": source.arrays["x"][:num], "label": source.arrays["label"][:num]})
+    if source.read is not None:
+        read = source.read
+        ds = tf.data.Dataset.range(num).batch(256).map(read, deterministic=True)
+        return ds.unbatch()
+    return source.shard(1, 0).take(num)
+
+
+# Sources up to this many bytes of raw pixels are held in memory (exact, cheap shuffling);
+# the environment variable sets another limit (more RAM; 0 makes every TFDS TFRecord
+# build stream, as the tests of streamed resume do).
+IN_MEMORY_BYTES = int(os.environ.get("TF_GAN_SCALE_IN_MEMORY_BYTES", 2 ** 30))
 
 
 def to_float(x):
@@ -161,9 +221,17 @@ def _tfds(arg, tfds_data_dir=None):
     if size and not (size.isdigit() and int(size) >= 1):
         raise errors.ConfigError(f"tfds:{arg}: the size after '@' must be an integer >= 1; "
                                  f"Received: {size!r}")
+    rows = ds = None
     try:
-        ds, info = tfds.load(name, split=split, data_dir=tfds_data_dir, with_info=True,
-                             shuffle_files=False)
+        info = tfds.builder(name, data_dir=tfds_data_dir).info
+        if str(info.file_format).lower().endswith("array_record"):
+            # Random access: images stay encoded until a batch is read (_tfds_reader).
+            rows = tfds.data_source(name, split=split, data_dir=tfds_data_dir,
+                                    download=False,
+                                    decoders={"image": tfds.decode.SkipDecoding()})
+        else:
+            ds, info = tfds.load(name, split=split, data_dir=tfds_data_dir, with_info=True,
+                                 shuffle_files=False)
     except tfds.core.registered.DatasetNotFoundError:
         raise errors.ConfigError(
             f"unknown TFDS dataset {name!r}; valid: the names in tfds.list_builders()") from None
@@ -182,12 +250,22 @@ def _tfds(arg, tfds_data_dir=None):
     if size:
         size = int(size)
         shape = (size, size, shape[-1])
+    if size and ds is not None:
         ds = ds.map(lambda ex: dict(ex, image=center_crop_resize(ex["image"], size)),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if None in shape:
         raise errors.ConfigError(f"TFDS dataset {name!r} has variable image size {shape}; "
                                  f"valid: tfds:{arg_spec}@SIZE (center crop + resize), or "
                                  f"an npz/folder source")
+    if rows is not None:
+        source = Source(f"tfds:{arg}", len(rows), shape, num_classes,
+                        read=_tfds_reader(rows, shape, has_label, size))
+        if len(rows) * int(np.prod(shape)) > IN_MEMORY_BYTES:
+            return source
+        batch = next(iter(examples(source).batch(len(rows))))
+        return dataclasses.replace(from_arrays(source.name, batch["x"].numpy(),
+                                               batch["label"].numpy()),
+                                   num_classes=num_classes)
     try:
         num_examples = info.splits[split].num_examples
     except (KeyError, ValueError):
@@ -204,13 +282,45 @@ def _tfds(arg, tfds_data_dir=None):
             ys.append(ex["label"] if has_label else np.zeros(len(ex["image"]), np.int32))
         source = from_arrays(f"tfds:{arg}", np.concatenate(xs), np.concatenate(ys))
         return dataclasses.replace(source, num_classes=num_classes)
+    def stream(num_shards, index):
+        # Each part is a contiguous 1/num_shards of the split's examples (any number of
+        # parts, also more than files): a worker reads only its part.
+        part = tfds.even_splits(split, num_shards)[index]
+        part_ds = tfds.load(name, split=part, data_dir=tfds_data_dir, shuffle_files=False)
+        return part_ds.map(lambda ex: _raw_tfds(ex, has_label, size),
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
-    def convert(ex):
-        label = tf.cast(ex["label"], tf.int32) if has_label else tf.constant(0, tf.int32)
-        return {"x": to_float(ex["image"]), "label": label}
-
-    stream = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return Source(f"tfds:{arg}", num_examples, shape, num_classes, stream=stream)
+
+
+def _raw_tfds(ex, has_label, size):
+    """A TFDS example -> a raw example {"x": uint8 [H, W, C], "label": int32 []}."""
+    image = center_crop_resize(ex["image"], size) if size else ex["image"]
+    label = tf.cast(ex["label"], tf.int32) if has_label else tf.constant(0, tf.int32)
+    return {"x": image, "label": label}
+
+
+def _tfds_reader(rows, shape, has_label, size):
+    """read(indices) over a TFDS ArrayRecord data source whose images stay encoded."""
+    channels = shape[-1]
+
+    def fetch(indices):
+        got = rows.__getitems__(indices.tolist())
+        labels = [ex["label"] if has_label else 0 for ex in got]
+        return (np.array([ex["image"] for ex in got], dtype=object),
+                np.array(labels, np.int32))
+
+    def decode(encoded):
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        return center_crop_resize(image, size) if size else tf.ensure_shape(image, shape)
+
+    def read(indices):
+        encoded, labels = tf.numpy_function(fetch, [indices], [tf.string, tf.int32],
+                                            stateful=False)
+        x = tf.map_fn(decode, encoded, fn_output_signature=tf.TensorSpec(shape, tf.uint8))
+        labels.set_shape([None])
+        return {"x": x, "label": labels}
+    return read
 
 
 def _npz(path, tfds_data_dir=None):
@@ -307,16 +417,19 @@ def _to_channels(img, channels):
     return tf.concat([rgb, tf.where(c % 2 == 0, img[..., -1:], tf.constant(255, tf.uint8))], -1)
 
 
-def _folder(path, tfds_data_dir=None):
-    del tfds_data_dir
+def scan_folder(path, *, any_size=False):
+    """Lists and checks an image folder (see the module docstring): every header is read
+    up front so a stray file fails now, by name. verify() also reads a PNG's chunks and
+    checksums (a cut PNG fails), but not JPEG/GIF/BMP pixel data.
+
+    Returns (files [N], labels [N], num_classes, shape (H, W, C)); with `any_size`
+    (images to be resized) sizes may differ and shape is (None, None, C)."""
     from PIL import Image  # Only image folders need Pillow.
     if not os.path.isdir(path):
         raise errors.ConfigError(f"image folder not found: {path!r}")
     files, labels, num_classes = _folder_files(path)
     if not files:
         raise errors.ConfigError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {path!r}")
-    # Check every header up front so a stray file fails now, by name. verify() also reads
-    # a PNG's chunks and checksums (a cut PNG fails), but not JPEG/GIF/BMP pixel data.
     size, kinds = None, {}  # kinds: channels -> [number of files, first file].
     for f in files:
         try:
@@ -328,20 +441,38 @@ def _folder(path, tfds_data_dir=None):
         kinds.setdefault(c, [0, f])[0] += 1
         if size is None:
             size = s
-        elif s != size:
+        elif s != size and not any_size:
             raise errors.ConfigError(f"image {f!r} is {s[0]}x{s[1]}, the first image "
                                      f"{files[0]!r} is {size[0]}x{size[1]}; all must match")
-    shape = size + (max(kinds),)  # The widest kind: the conversion loses nothing.
+    shape = (None, None) if any_size else size
+    shape += (max(kinds),)  # The widest kind: the conversion loses nothing.
     if len(kinds) > 1:
         logging.warning("folder:%s mixes %s images; all are converted to %s", path, ", ".join(
             f"{_KINDS[c]} ({n}, e.g. {f!r})" for c, (n, f) in sorted(kinds.items())),
             _KINDS[shape[2]])
+    return files, labels, num_classes, shape
+
+
+def decode_file(f, shape):
+    """An image file's path (string tensor) -> uint8 [*shape], channels converted."""
+    img = tf.io.decode_image(tf.io.read_file(f), expand_animations=False)
+    img = _to_channels(img, shape[2])
+    img.set_shape(shape)
+    return img
+
+
+def decode_error(e):
+    """The first line of a decode OpError, without TensorFlow's frames."""
+    return re.sub(r"\{\{.*?\}\}\s*|.*Iterator::\S+: |\s*\[Op:.*", "",
+                  e.message.strip().splitlines()[0])
+
+
+def _folder(path, tfds_data_dir=None):
+    del tfds_data_dir
+    files, labels, num_classes, shape = scan_folder(path)
 
     def decode(f, label):
-        img = tf.io.decode_image(tf.io.read_file(f), expand_animations=False)
-        img = _to_channels(img, shape[2])
-        img.set_shape(shape)
-        return {"x": img, "label": label}
+        return {"x": decode_file(f, shape), "label": label}
 
     ds = tf.data.Dataset.from_tensor_slices((files, np.array(labels, np.int32)))
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -352,13 +483,18 @@ def _folder(path, tfds_data_dir=None):
             for ex in ds.as_numpy_iterator():
                 xs.append(ex["x"])
         except tf.errors.OpError as e:  # In order (deterministic): the next file failed.
-            message = re.sub(r"\{\{.*?\}\}\s*|.*Iterator::\S+: |\s*\[Op:.*", "",
-                             e.message.strip().splitlines()[0])
-            raise errors.ConfigError(f"cannot decode image {files[len(xs)]!r}: {message}") from None
+            raise errors.ConfigError(
+                f"cannot decode image {files[len(xs)]!r}: {decode_error(e)}") from None
         source = from_arrays(name, np.stack(xs), np.array(labels, np.int32))
         return dataclasses.replace(source, num_classes=num_classes)
-    stream = ds.map(lambda ex: {"x": to_float(ex["x"]), "label": ex["label"]})
-    return Source(name, len(files), shape, num_classes, stream=stream)
+    file_names = tf.constant(files)
+    file_labels = tf.constant(np.array(labels, np.int32))
+
+    def read(indices):  # One file per row, read and decoded in TF ops.
+        x = tf.map_fn(lambda f: decode_file(f, shape), tf.gather(file_names, indices),
+                      fn_output_signature=tf.TensorSpec(shape, tf.uint8))
+        return {"x": x, "label": tf.gather(file_labels, indices)}
+    return Source(name, len(files), shape, num_classes, read=read)
 
 
 def toy_centers(kind):
@@ -392,7 +528,15 @@ def _embedded(kind, tfds_data_dir=None):
     return from_arrays("embedded:digits", x, digits.target)
 
 
-SOURCES = {"tfds": _tfds, "npz": _npz, "folder": _folder, "toy": _toy, "embedded": _embedded}
+def _arrayrecord(path, tfds_data_dir=None):
+    del tfds_data_dir
+    meta = prepared.read_meta(path)
+    return Source(f"arrayrecord:{path}", meta["num_examples"], tuple(meta["shape"]),
+                  max(int(meta["num_classes"]), 1), read=prepared.reader(path, meta))
+
+
+SOURCES = {"tfds": _tfds, "npz": _npz, "folder": _folder, "arrayrecord": _arrayrecord,
+           "toy": _toy, "embedded": _embedded}
 
 
 def load(spec, *, tfds_data_dir=None):

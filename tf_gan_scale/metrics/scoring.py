@@ -38,6 +38,7 @@ from absl import logging
 from tf_gan_scale import errors, latents
 from tf_gan_scale import metrics as metrics_lib
 from tf_gan_scale.architectures.calls import call_generator
+from tf_gan_scale.data import pipeline, sources
 from tf_gan_scale.data.sources import to_float
 from tf_gan_scale.metrics import extractors
 
@@ -78,6 +79,37 @@ def _padded(rows_dataset, global_batch):
         lambda b: {k: _pad(v, global_batch, -1 if k == "row" else 0) for k, v in b.items()})
 
 
+def _per_worker(num_samples, global_batch, make):
+    """The padded global batches over rows 0..num_samples-1 as an input function for
+    `distribute_datasets_from_function`: each worker builds only its replicas' chunks of
+    each batch (data.pipeline.Split: local replica k of worker w takes chunk k*W + w), and
+    every worker the same number of batches (no collective waits on a worker that ran
+    out). make(rows int64 [B], clamped to the last row) -> {name: [B, ...]}; "row" is
+    added: int32 [B], -1 past the end."""
+    num_batches = -(-num_samples // global_batch)
+
+    def fn(ctx):
+        split = pipeline.Split.of(ctx)
+        split.check(global_batch)
+        per, local = global_batch // split.num_chunks, len(split.chunks)
+        chunks = tf.constant(split.chunks, tf.int64)
+
+        def load(e):
+            g, chunk = e // local, tf.gather(chunks, e % local)
+            rows = g * global_batch + chunk * per + tf.range(per, dtype=tf.int64)
+            out = make(tf.minimum(rows, num_samples - 1))
+            out["row"] = tf.where(rows < num_samples, tf.cast(rows, tf.int32), -1)
+            return out
+
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)  # Already this worker's rows.
+        ds = tf.data.Dataset.range(num_batches * local).map(
+            load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return fn
+
+
 def _pad(value, size, fill):
     missing = size - tf.shape(value)[0]
     pad = [[0, missing]] + [[0, 0]] * (len(value.shape) - 1)
@@ -90,8 +122,9 @@ _STREAMS = {}
 
 
 def _stream(strategy, dataset, images_fn, extractor, keep, memo=None):
-    """Runs `extractor(images_fn(batch))` on every replica over `dataset` of padded global
-    batches. Returns (FeatureStats, {"features" [N, D], "probs" [N, K]} in row order or
+    """Runs `extractor(images_fn(batch))` on every replica over `dataset`: padded global
+    batches (`_padded`, DATA-sharded: every worker builds each whole batch) or a
+    `_per_worker` input function (each worker builds its rows only). Returns (FeatureStats, {"features" [N, D], "probs" [N, K]} in row order or
     None). `memo`: a tuple naming everything `images_fn` depends on, to reuse the traced
     step and the statistics' variables across calls."""
     key = None if memo is None else (strategy, extractor, bool(keep)) + tuple(memo)
@@ -102,9 +135,13 @@ def _stream(strategy, dataset, images_fn, extractor, keep, memo=None):
         stats, step = _make_step(strategy, images_fn, extractor, keep)
         if key is not None:
             _STREAMS[key] = stats, step
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dist = strategy.experimental_distribute_dataset(dataset.with_options(options))
+    if isinstance(dataset, tf.data.Dataset):
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA)
+        dist = strategy.experimental_distribute_dataset(dataset.with_options(options))
+    else:
+        dist = strategy.distribute_datasets_from_function(dataset)
     parts = {}
     for batch in dist:
         for k, v in step(batch).items():
@@ -182,7 +219,6 @@ def fake_features(generator, latent_dim, extractor, strategy, *, num_samples, se
     Returns (FeatureStats, kept features or None) as `_stream`. Create the generator
     (and extractor) inside `strategy.scope()`."""
     gb = _global_batch(strategy, batch_size)
-    rows = tf.data.Dataset.range(num_samples).map(lambda i: {"row": tf.cast(i, tf.int32)})
 
     def images(batch):
         rows = tf.maximum(batch["row"], 0)
@@ -191,22 +227,24 @@ def fake_features(generator, latent_dim, extractor, strategy, *, num_samples, se
         labels = latents.sample_labels(seed, rows, num_classes) if num_classes else None
         return call_generator(generator, z, labels)
 
-    return _stream(strategy, _padded(rows, gb), images, extractor, keep,
+    return _stream(strategy, _per_worker(num_samples, gb, lambda rows: {}), images,
+                   extractor, keep,
                    memo=(generator, int(latent_dim), int(seed), int(num_classes), "fake"))
 
 
 def real_examples(source, num_samples):
     """The first `num_samples` examples of `source` in stored order: an unbatched dataset
     of {"x": float32 [*shape] in [-1, 1], "row": int32}."""
+    _check_real_count(source, num_samples)
+    x = sources.examples(source, num_samples).map(lambda e: to_float(e["x"]))
+    rows = tf.data.Dataset.range(num_samples).map(lambda i: tf.cast(i, tf.int32))
+    return tf.data.Dataset.zip(x, rows).map(lambda x, r: {"x": x, "row": r})
+
+
+def _check_real_count(source, num_samples):
     if num_samples > source.num_examples:
         raise errors.ConfigError(f"num_samples={num_samples} is more than the "
                                  f"{source.num_examples} examples of {source.name}")
-    if source.arrays is not None:
-        x = tf.data.Dataset.from_tensor_slices(source.arrays["x"][:num_samples]).map(to_float)
-    else:
-        x = source.stream.map(lambda e: e["x"]).take(num_samples)
-    rows = tf.data.Dataset.range(num_samples).map(lambda i: tf.cast(i, tf.int32))
-    return tf.data.Dataset.zip(x, rows).map(lambda x, r: {"x": x, "row": r})
 
 
 def _cache_path(cache_dir, source, extractor, num_samples, keep):
@@ -258,6 +296,7 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
     """Statistics of the real data: {"mu" [D], "sigma" [D, D], "num_samples", and with
     keep "features" [N, D] (+ "probs")}. Cached in `cache_dir` (keyed by source,
     extractor, its file's content and N): computed once, reused by every evaluation."""
+    _check_real_count(source, num_samples)
     path = _cache_path(cache_dir, source, extractor, num_samples, keep) if cache_dir else None
     ref = _read_cache(path, extractor) if path else None
     # Every worker must take the same branch (computing runs collectives): a worker whose
@@ -268,8 +307,12 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
     if ref is not None:
         return ref
     gb = _global_batch(strategy, batch_size)
-    stats, kept = _stream(strategy, _padded(real_examples(source, num_samples), gb),
-                          lambda b: b["x"], extractor, keep, memo=("real",))
+    read = source.reader()
+    if read is not None:  # Each worker reads only its rows of the first N examples.
+        real = _per_worker(num_samples, gb, lambda rows: {"x": to_float(read(rows)["x"])})
+    else:  # A stream: every worker reads the first N, keeps its rows.
+        real = _padded(real_examples(source, num_samples), gb)
+    stats, kept = _stream(strategy, real, lambda b: b["x"], extractor, keep, memo=("real",))
     mu, sigma = stats.result()
     ref = {"mu": mu, "sigma": sigma, "num_samples": np.int64(num_samples), **(kept or {})}
     if path and write_cache:

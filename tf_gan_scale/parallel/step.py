@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tf_gan_scale import errors
+from tf_gan_scale import data, errors
 from tf_gan_scale.architectures.calls import generate
 from tf_gan_scale.gan import Topology
 from tf_gan_scale.parallel import layouts, tensors
@@ -225,6 +225,31 @@ class MeshTrainer:
 
     def _ema_update(self, step):
         self.gan.ema.update(self.gan.generator, step)
+
+    def split(self):
+        """The rows of each global batch this client builds (data.pipeline.Split): one
+        chunk of GB / dims["batch"] rows per distinct "batch" coordinate of its local
+        devices (devices that differ only in "model" hold the same rows)."""
+        chunks = tuple(sorted({loc["batch"] for loc in self.mesh.local_device_locations()}))
+        return data.Split(self.mesh.dim_size("batch"), chunks,
+                          num_parts=dtensor.num_clients(), part=dtensor.client_id())
+
+    def batches(self, input_fn):
+        """An endless iterator of (real, labels) DTensors split over "batch", assembled
+        from per-device pieces (`dtensor.pack`): the client reads and decodes only its
+        local devices' rows, never the whole global batch.
+
+        input_fn: a data.input_fn; called with this client's `split`."""
+        split = self.split()
+        pieces = iter(input_fn(split=split))
+        spot = {c: i for i, c in enumerate(split.chunks)}
+        owners = [spot[loc["batch"]] for loc in self.mesh.local_device_locations()]
+        while True:
+            got = [next(pieces) for _ in split.chunks]
+            yield tuple(dtensor.pack(
+                [got[i][key] for i in owners],
+                tensors.layout(self.mesh, ("batch",) + (None,) * (got[0][key].shape.rank - 1)))
+                for key in ("x", "label"))
 
     def batch(self, real, labels=None):
         """Host arrays [GB, ...] (and labels [GB]) -> DTensors split over "batch"."""

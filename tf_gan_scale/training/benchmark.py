@@ -6,6 +6,7 @@ are interleaved `repeats` times, so a slow phase of a shared machine hits all al
 the best of each is reported.
 """
 
+import dataclasses
 import resource
 import time
 
@@ -107,7 +108,7 @@ class MeshRun:
             FLOPs is the slow part; the GAN is the same for every mesh).
     """
 
-    def __init__(self, config, source, dataset, spec, costs=None):
+    def __init__(self, config, source, input_fn, spec, costs=None):
         mesh_runner.check_config(config)
         self.dims = mesh_spec.parse(spec)
         mesh = mesh_lib.make(self.dims)
@@ -127,7 +128,7 @@ class MeshRun:
                       cost_model.mesh_step_bytes(costs, self.dims, per_device,
                                                  config.train.d_steps).items()}
         self.trainer = step_lib.MeshTrainer(gan, mesh, plan)
-        self.batches = iter(dataset)
+        self.batches = self.trainer.batches(input_fn)
         self.d_steps = config.train.d_steps
         # Parameters on the first device: what a mesh saves in weight memory.
         self.params = {net.name: sum(int(np.prod(tensors.local_shapes(w)[0]))
@@ -137,8 +138,7 @@ class MeshRun:
     def time(self, steps, warmup):
         stamps = []
         for _ in range(warmup + steps):
-            feed = [self.trainer.batch(b["x"], b["label"])
-                    for b in (next(self.batches) for _ in range(self.d_steps))]
+            feed = [next(self.batches) for _ in range(self.d_steps)]
             self.trainer.train_step(feed)  # Returns the losses as floats: synchronous.
             stamps.append(time.perf_counter())
         return (stamps[-1] - stamps[warmup - 1]) / steps
@@ -157,10 +157,11 @@ def time_training(config, strategy, source, *, strategy_name, steps, warmup, rep
     `placement` ("g:I,d:J") G and D on two devices, and on each mesh spec of `meshes`,
     interleaved. Returns the report (docs/performance.md shows its fields)."""
     gb, d_steps = config.train.global_batch_size, config.train.d_steps
-    dataset = data.make_dataset(source, global_batch_size=gb, seed=config.seed)
+    input_fn = data.input_fn(source, global_batch_size=gb, seed=config.seed)
+    dataset = input_fn()  # Global batches, for the runs without a strategy.
     with strategy.scope():
         model = build.build_gan(config, source.shape, source.num_classes)
-    runs = {"tf_gan_scale": (model, data.distribute(dataset, strategy))}
+    runs = {"tf_gan_scale": (model, data.distribute(input_fn, strategy))}
     if baseline:
         runs["baseline"] = (plain_gan(config, source), dataset)
     if placement:  # Built outside the strategy: a placement runs under none.
@@ -168,7 +169,7 @@ def time_training(config, strategy, source, *, strategy_name, steps, warmup, rep
                                              placement), dataset)
     mesh_runs, costs = {}, None
     for spec in meshes:
-        mesh_runs[spec] = MeshRun(config, source, dataset, spec, costs)
+        mesh_runs[spec] = MeshRun(config, source, input_fn, spec, costs)
         costs = mesh_runs[spec].costs
     times = {name: [] for name in [*runs, *mesh_runs]}
     for _ in range(repeats):  # Interleaved: a slow phase of the machine hits all alike.
@@ -204,25 +205,72 @@ def time_training(config, strategy, source, *, strategy_name, steps, warmup, rep
     return result
 
 
+def counted(source):
+    """(source read through a counter, [rows read so far]): a random-access view of an
+    in-memory or random-access source whose every read adds its row count."""
+    read, count = source.reader(), [0]
+    if read is None:
+        return source, None
+
+    def add(n):
+        count[0] += int(n)
+        return n
+
+    def counting_read(indices):
+        n = tf.numpy_function(add, [tf.size(indices)], tf.int32, stateful=True)
+        with tf.control_dependencies([n]):
+            return read(tf.identity(indices))
+    return dataclasses.replace(source, arrays=None, read=counting_read), count
+
+
+def resume_latency(source, config, strategy, positions):
+    """{position: seconds} to the first per-replica batch of this worker's input started
+    at each example position (rounded down to a global batch): flat for sources read by
+    index, linear for streams."""
+    gb = config.train.global_batch_size
+    # This worker's InputContext, as distribute_datasets_from_function would make it.
+    resolver = getattr(strategy, "cluster_resolver", None)
+    workers = int(getattr(strategy.extended, "_num_workers", 1) or 1)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=workers,
+        input_pipeline_id=int(resolver.task_id or 0) if resolver and workers > 1 else 0,
+        num_replicas_in_sync=strategy.num_replicas_in_sync)
+    out = {}
+    for position in positions:
+        start = time.perf_counter()
+        ds = data.make_dataset(source, global_batch_size=gb, seed=config.seed,
+                               start_batch=int(position) // gb, input_context=ctx)
+        next(iter(ds))
+        out[f"{int(position):.0e}".replace("+0", "").replace("+", "")] = round(
+            time.perf_counter() - start, 4)
+    return out
+
+
 def time_input(config, strategy, source, *, strategy_name, steps, warmup, repeats,
-               min_seconds):
+               min_seconds, resume_positions=()):
     """The input pipeline's batches/sec (pulled as the train step pulls them:
-    perf.time_input_pipeline) against the train step's, interleaved."""
+    perf.time_input_pipeline) against the train step's, interleaved; the rows this worker
+    read per global batch it pulled (GB / workers when each worker reads only its own
+    rows), the latency of a resume at `resume_positions`, and peak memory."""
     t = config.train
-    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
-                                seed=config.seed)
+    source, count = counted(source)
+    input_fn = data.input_fn(source, global_batch_size=t.global_batch_size, seed=config.seed)
     with strategy.scope():
         model = build.build_gan(config, source.shape, source.num_classes)
     per_call = t.d_steps * model.steps_per_execution
-    train_data = data.distribute(dataset, strategy)
+    train_data = data.distribute(input_fn, strategy)
     step_times, pipeline = [], []
     for _ in range(repeats):  # Interleaved, as with the baseline.
         step_times.append(time_fit(model, train_data, steps, warmup))
-        iterator = iter(data.distribute(dataset, strategy))
+        iterator = iter(data.distribute(input_fn, strategy))
+        before = count[0] if count else 0
         pipeline.append(perf.time_input_pipeline(
             iterator, strategy, batches_per_call=per_call, warmup_calls=warmup,
             min_calls=steps, min_seconds=min_seconds))
+        pulled = pipeline[-1]["batches"] + warmup * per_call
         del iterator
+        if count:
+            pipeline[-1]["rows_read_per_batch"] = (count[0] - before) / pulled
     step_time = min(step_times)
     pipe = max(pipeline, key=lambda p: p["batches_per_sec"])
     step_rate = 1.0 / step_time
@@ -243,6 +291,13 @@ def time_input(config, strategy, source, *, strategy_name, steps, warmup, repeat
         "input_headroom": round(pipe["batches_per_sec"] / train_batches, 2),
         "all_step_times_s": [round(s, 4) for s in step_times],
         "all_pipeline_batches_per_sec": [round(p["batches_per_sec"], 2) for p in pipeline],
+        # Rows read from the source per global batch this worker pulled, prefetch
+        # included (None for streams): GB / workers when it reads only its replicas' rows.
+        "rows_read_per_batch": (round(pipe["rows_read_per_batch"], 1)
+                                if "rows_read_per_batch" in pipe else None),
+        "resume_first_batch_s": resume_latency(source, config, strategy, resume_positions),
+        # ru_maxrss is in KiB on Linux: the whole process (TensorFlow included).
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
 
 

@@ -6,8 +6,8 @@ between a mesh and tf.distribute by resuming. G's and D's weights are split by t
 policy (layouts.py, config.parallel.layouts); each step is MeshTrainer's; samples and
 scores come from a host copy of G (step.HostView).
 
-Several clients: every client runs this same loop on the same global batches (each reads
-the whole batch from the input pipeline and keeps its own rows); what communicates
+Several clients: every client runs this same loop on the same global batches, each
+reading only the rows of its own devices (MeshTrainer.batches); what communicates
 (steps, checkpoints, the host copy of G) runs on all clients in the same order. Client 0
 is the chief and alone writes the workdir: run.json, samples, TensorBoard, metrics and the
 checkpoint index. A checkpoint is one DTensor save that every client takes part in (each
@@ -154,12 +154,11 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
         cb.set_model(view)
     for cb in cbs:
         cb.on_train_begin()
-    batches = iter(p.dataset)
+    batches = trainer.batches(p.input)
     # One GAN step per iteration (d_steps global batches); the callbacks see each step,
     # as Keras' fit with one step per call.
     while trainer.step < t.num_steps and not view.stop_training:
-        feed = [trainer.batch(b["x"], b["label"])
-                for b in (next(batches) for _ in range(t.d_steps))]
+        feed = [next(batches) for _ in range(t.d_steps)]
         d_loss, g_loss = trainer.train_step(feed)
         for cb in cbs:
             cb.on_train_batch_end(trainer.step - 1, {"d_loss": d_loss, "g_loss": g_loss})

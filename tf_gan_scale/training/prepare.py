@@ -167,14 +167,15 @@ def make_scorer(config, model, source, strategy, *, chief=True):
 class Prepared:
     """A run ready to train: its data source, compiled GAN (restored), the checkpoint of
     its items, the restored checkpoint's path (None for a new run), the step it starts
-    at and the input pipeline positioned there."""
+    at and its input positioned there (a data.input_fn: `data.distribute(input, strategy)`
+    for per-worker batches, `input()` for global ones)."""
 
     source: Any
     model: Any
     checkpoint: tf.train.Checkpoint
     restored: str
     start: int
-    dataset: tf.data.Dataset
+    input: Any
 
 
 def prepare_run(config, run_dir, *, num_replicas, scope=None, check=None, placement_spec="",
@@ -197,6 +198,6 @@ def prepare_run(config, run_dir, *, num_replicas, scope=None, check=None, placem
     restored = workdir.restore(os.path.join(run_dir, "checkpoints"), checkpoint)
     start = int(model.step.numpy())
     # Data position: each generator step consumed d_steps global batches.
-    dataset = data.make_dataset(source, global_batch_size=t.global_batch_size,
-                                seed=config.seed, start_batch=start * t.d_steps)
-    return Prepared(source, model, checkpoint, restored, start, dataset)
+    input_fn = data.input_fn(source, global_batch_size=t.global_batch_size, seed=config.seed,
+                             start_batch=start * t.d_steps)
+    return Prepared(source, model, checkpoint, restored, start, input_fn)

@@ -48,7 +48,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     # together, so the others save into a private temporary directory, removed at the end.
     out_dir = workdir if chief else tempfile.mkdtemp(prefix="tf_gan_scale_worker_")
     try:
-        _train(model, config, source, p.dataset, strategy, p.checkpoint, out_dir, chief,
+        _train(model, config, source, p.input, strategy, p.checkpoint, out_dir, chief,
                start, verbose, score, workdir)
     finally:
         if not chief:
@@ -103,7 +103,7 @@ def callbacks_for(config, source, strategy, checkpoint, out_dir, chief, start, v
     return cbs
 
 
-def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief, start,
+def _train(model, config, source, input_fn, strategy, checkpoint, out_dir, chief, start,
            verbose, score=None, workdir=None):
     t = config.train
     cbs = callbacks_for(config, source, strategy, checkpoint, out_dir, chief, start, verbose,
@@ -111,6 +111,6 @@ def _train(model, config, source, dataset, strategy, checkpoint, out_dir, chief,
     per_epoch = t.log_every
     first_epoch = start // per_epoch
     last_epoch = math.ceil(t.num_steps / per_epoch)
-    model.fit(data.distribute(dataset, strategy), initial_epoch=first_epoch, epochs=last_epoch,
+    model.fit(data.distribute(input_fn, strategy), initial_epoch=first_epoch, epochs=last_epoch,
               steps_per_epoch=per_epoch, callbacks=cbs, verbose=0, shuffle=False)
     logging.info("finished at step %d", int(model.step.numpy()))
