@@ -78,6 +78,13 @@ class Split:
         return cls(replicas, tuple(k * workers + w for k in range(replicas // workers)),
                    workers, w)
 
+    def positions(self, e, global_batch_size):
+        """Stream positions int64 [GB / num_chunks] of this process's e-th element (an
+        int64 scalar tensor): chunk chunks[e % K] of global batch e // K."""
+        per, local = global_batch_size // self.num_chunks, len(self.chunks)
+        chunk = tf.gather(tf.constant(self.chunks, tf.int64), e % local)
+        return (e // local) * global_batch_size + chunk * per + tf.range(per, dtype=tf.int64)
+
     def check(self, global_batch_size):
         if global_batch_size % self.num_chunks or self.num_chunks % self.num_parts:
             raise errors.ConfigError(
@@ -88,18 +95,13 @@ class Split:
 
 def _random_access(source, read, gb, seed, start_batch, repeat, split):
     n = source.num_examples
-    rows_per_chunk, local = gb // split.num_chunks, len(split.chunks)
-    chunk_ids = tf.constant(split.chunks, tf.int64)
+    local = len(split.chunks)
     start_example = start_batch * gb
     stop_batch = (_ENDLESS // gb if repeat
                   else start_batch + ((start_example // n + 1) * n - start_example) // gb)
 
-    def rows(e):  # e: this process's e-th element -> its rows' positions [rows_per_chunk].
-        g, chunk = e // local, tf.gather(chunk_ids, e % local)
-        return g * gb + chunk * rows_per_chunk + tf.range(rows_per_chunk, dtype=tf.int64)
-
     def load(e):
-        ex = read(permuted(rows(e), n, seed))
+        ex = read(permuted(split.positions(e, gb), n, seed))
         return {"x": to_float(ex["x"]), "label": ex["label"]}
 
     ds = tf.data.Dataset.range(start_batch * local, stop_batch * local)

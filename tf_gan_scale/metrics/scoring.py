@@ -91,12 +91,10 @@ def _per_worker(num_samples, global_batch, make):
     def fn(ctx):
         split = pipeline.Split.of(ctx)
         split.check(global_batch)
-        per, local = global_batch // split.num_chunks, len(split.chunks)
-        chunks = tf.constant(split.chunks, tf.int64)
+        local = len(split.chunks)
 
         def load(e):
-            g, chunk = e // local, tf.gather(chunks, e % local)
-            rows = g * global_batch + chunk * per + tf.range(per, dtype=tf.int64)
+            rows = split.positions(e, global_batch)
             out = make(tf.minimum(rows, num_samples - 1))
             out["row"] = tf.where(rows < num_samples, tf.cast(rows, tf.int32), -1)
             return out
