@@ -35,7 +35,7 @@ flags.DEFINE_integer("resolution", 0, "Center-crop to a square and resize to thi
 flags.DEFINE_integer("num_shards", 0, "Shards to write (0: about SHARD_BYTES each).")
 flags.DEFINE_string("tfds_data_dir", None, "TFDS data directory for tfds: sources.")
 flags.DEFINE_string("verify", None, "Instead: check a prepared directory (every shard's "
-                    "sha256 and record count) and print its description.")
+                    "size and sha256, the counts) and print its description.")
 FLAGS = flags.FLAGS
 
 SHARD_BYTES = 256 * 2 ** 20
@@ -75,7 +75,9 @@ def _folder_examples(path, resolution):
         if xs:
             yield np.stack(xs), np.array(labels[done:])
 
-    subdirs = sorted({os.path.basename(os.path.dirname(f)) for f in files})
+    # Label i is the i-th sorted sub-folder (sources._folder_files), images or not.
+    subdirs = sorted(d for d in os.listdir(path)
+                     if not d.startswith(".") and os.path.isdir(os.path.join(path, d)))
     names = subdirs if num_classes > 1 else []
     return len(files), shape, num_classes, names, chunks()
 

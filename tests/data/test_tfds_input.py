@@ -82,7 +82,7 @@ def test_a_stream_resume_past_the_skip_limit_reseeds_and_says_so(
     with caplog.at_level("INFO"):
         data.make_dataset(s, global_batch_size=4, seed=1, start_batch=2,
                           input_context=context(2, 1, 2))
-    assert "skips its 4 consumed examples (exact if the run had 2 workers)" in caplog.text
+    assert "skips its 4 consumed examples (exact if the run had 2 workers x 1 replicas)" in caplog.text
 
 
 def test_a_stream_too_small_for_its_workers_is_one_line(tfds_dir, past_memory):
@@ -105,3 +105,12 @@ def test_an_array_record_build_is_read_by_index_like_memory(tfds_dir, past_memor
     for a, b in zip(want, got):
         np.testing.assert_array_equal(a["x"], b["x"])
         np.testing.assert_array_equal(a["label"], b["label"])
+
+
+def test_a_stream_whose_parts_cannot_hold_their_own_rows_is_one_line(tfds_dir, past_memory):
+    # A mesh batch:1 over 2 clients: both hold the same rows, which a stream cannot give.
+    s = data.load("tfds:tiny_stream", tfds_data_dir=tfds_dir)
+    with pytest.raises(errors.ConfigError, match=r"is a stream: each of the 2 workers .* "
+                                                 r"splits into 1 parts; valid: a prepared"):
+        data.make_dataset(s, global_batch_size=4, seed=0,
+                          split=pipeline.Split(1, (0,), num_parts=2, part=1))

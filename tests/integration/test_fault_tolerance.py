@@ -258,6 +258,6 @@ def test_sigterm_on_a_streamed_tfds_source_resumes_at_each_workers_position(
     step = int(re.findall(r"preemption: saved checkpoint at step (\d+)", log)[0])
     # Each worker skips its own consumed examples: step x 32 rows / 2 workers.
     assert log.count(f"skips its {step * 16} consumed examples (exact if the run had 2 "
-                     f"workers)") == 2, log[-3000:]
+                     f"workers x 1 replicas)") == 2, log[-3000:]
     assert_same_checkpoint(checkpoint_arrays(tmp_path / "run"),
                            checkpoint_arrays(tmp_path / "ref"))

@@ -29,14 +29,18 @@ def trained(digits):
     return classifier.fit(digits, steps=FEW_STEPS, seed=0)
 
 
-def _indexed_source(digits, streamed=False):
-    """The digits with label = example index, so a batch tells which examples it holds."""
+def _indexed_source(digits, kind="memory"):
+    """The digits with label = example index, so a batch tells which examples it holds:
+    in memory, streamed, or read by index (as arrayrecord:, large folders)."""
     x = digits.arrays["x"]
     ids = np.arange(len(x), dtype=np.int32)
-    if streamed:
+    if kind == "streamed":
         stream = tf.data.Dataset.from_tensor_slices({"x": x, "label": ids})
         return data.Source("ids", len(x), digits.shape, len(x), stream=stream)
-    return data.Source("ids", len(x), digits.shape, len(x), arrays={"x": x, "label": ids})
+    memory = data.Source("ids", len(x), digits.shape, len(x), arrays={"x": x, "label": ids})
+    if kind == "by_index":
+        return data.Source("ids", len(x), digits.shape, len(x), read=memory.reader())
+    return memory
 
 
 def test_few_steps_on_digits_reach_well_above_chance(trained, digits):
@@ -119,9 +123,9 @@ def test_held_out_split_is_exact_and_fixed_by_the_seed():
         classifier.held_out_mask(5, 0.01, 0)
 
 
-@pytest.mark.parametrize("streamed", [False, True])
-def test_training_batches_never_hold_a_held_out_example(digits, streamed):
-    source = _indexed_source(digits, streamed)
+@pytest.mark.parametrize("kind", ["memory", "streamed", "by_index"])
+def test_training_batches_never_hold_a_held_out_example(digits, kind):
+    source = _indexed_source(digits, kind)
     held = classifier.held_out_mask(source.num_examples, 0.1, 3)
     train_ids = np.flatnonzero(~held)
     ds = classifier._train_dataset(source, ~held, batch_size=97, seed=3)

@@ -14,7 +14,7 @@ resumed after n batches starts at position n * GB with no reads (O(1) at any pos
 Streamed sources (TFDS TFRecord builds too large for memory) cannot seek: each worker
 reads its own 1/W part of the split through a uint8 shuffle buffer, so their order
 depends on W; resuming skips this worker's own consumed examples (exact on the same
-number of workers) up to STREAM_SKIP_LIMIT, past which the shuffle is re-seeded at the
+numbers of workers and replicas) up to STREAM_SKIP_LIMIT, past which the shuffle is re-seeded at the
 position instead (O(1), not the same examples); one log line says which.
 """
 
@@ -86,11 +86,10 @@ class Split:
         return (e // local) * global_batch_size + chunk * per + tf.range(per, dtype=tf.int64)
 
     def check(self, global_batch_size):
-        if global_batch_size % self.num_chunks or self.num_chunks % self.num_parts:
+        if global_batch_size % self.num_chunks:
             raise errors.ConfigError(
                 f"global batch {global_batch_size} must split evenly over "
-                f"{self.num_chunks} replicas ({self.num_parts} workers); valid: a "
-                f"multiple of {self.num_chunks}")
+                f"{self.num_chunks} replicas; valid: a multiple of {self.num_chunks}")
 
 
 def _random_access(source, read, gb, seed, start_batch, repeat, split):
@@ -100,9 +99,13 @@ def _random_access(source, read, gb, seed, start_batch, repeat, split):
     stop_batch = (_ENDLESS // gb if repeat
                   else start_batch + ((start_example // n + 1) * n - start_example) // gb)
 
+    rows = gb // split.num_chunks
+
     def load(e):
         ex = read(permuted(split.positions(e, gb), n, seed))
-        return {"x": to_float(ex["x"]), "label": ex["label"]}
+        # Static shapes, as batch(drop_remainder=True) gives (XLA, TPU).
+        return {"x": tf.ensure_shape(to_float(ex["x"]), [rows, *source.shape]),
+                "label": tf.ensure_shape(ex["label"], [rows])}
 
     ds = tf.data.Dataset.range(start_batch * local, stop_batch * local)
     return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -110,6 +113,12 @@ def _random_access(source, read, gb, seed, start_batch, repeat, split):
 
 def _streamed(source, gb, seed, start_batch, repeat, split):
     workers, w = split.num_parts, split.part
+    if split.num_chunks % workers:  # E.g. a mesh whose "model" axis spans clients.
+        raise errors.ConfigError(
+            f"{source.name} is a stream: each of the {workers} workers (or DTensor clients) "
+            f"must hold rows of its own, but the global batch splits into "
+            f"{split.num_chunks} parts; valid: a prepared source (arrayrecord:DIR, "
+            f"tools/prepare_data.py), or a mesh with a batch axis divisible by the clients")
     rows_per_chunk = gb // split.num_chunks
     part = source.shard(workers, w)
     # Parts differ by at most one example, so each holds at least its share of a global
@@ -124,7 +133,7 @@ def _streamed(source, gb, seed, start_batch, repeat, split):
         logging.info("%s is a stream (no random access): worker %d of %d %s", source.name,
                      w, workers,
                      f"skips its {consumed} consumed examples (exact if the run had "
-                     f"{workers} workers)" if skip else
+                     f"{workers} workers x {len(split.chunks)} replicas)" if skip else
                      f"re-seeds its shuffle at batch {start_batch} instead of skipping "
                      f"{consumed} examples (> {STREAM_SKIP_LIMIT}): O(1), not the examples "
                      f"an uninterrupted run would see; prepare the data for an exact resume")
@@ -171,12 +180,13 @@ def make_dataset(source, *, global_batch_size, seed, start_batch=0, repeat=True,
         ds = _streamed(source, global_batch_size, int(seed), int(start_batch), repeat, split)
     options = tf.data.Options()
     options.deterministic = True
-    if per_worker:  # Already this worker's rows: TensorFlow must not shard it again.
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF)
-    # Global batches keep AUTO (here: DATA), for `distribute(dataset, strategy)`: each
-    # worker keeps its rows of the global batch (a multi-worker run given OFF would
-    # train every worker on the whole batch: the equivalence tests fail).
+    # Per-worker datasets hold this worker's rows already: TensorFlow must not shard them
+    # again. Global batches (`distribute(dataset, strategy)`) shard by DATA: each worker
+    # keeps its rows of the global batch (OFF would train every worker on the whole batch:
+    # the equivalence tests fail; FILE, AUTO's pick for a TFDS stream, other examples).
+    policy = tf.data.experimental.AutoShardPolicy
+    options.experimental_distribute.auto_shard_policy = (
+        policy.OFF if per_worker else policy.DATA)
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 

@@ -84,6 +84,9 @@ def write(out_dir, batches, *, num_examples, shape, num_classes, class_names=(),
                 raise errors.ConfigError(f"example {written} has shape {x.shape[1:]}, the "
                                          f"dataset {tuple(shape)}")
             labels = np.asarray(labels).astype("<i4")
+            if written + len(x) > num_examples:
+                raise errors.ConfigError(f"the source gave more than the {num_examples} "
+                                         f"examples its count says")
             for i in range(len(x)):
                 while written >= bounds[shard + 1]:  # Next shard.
                     if writer is not None:
@@ -140,6 +143,11 @@ def read_meta(path, *, verify_hashes=None):
         raise errors.ConfigError(f"{meta_path!r} is not a {FORMAT} description (keys: "
                                  f"{', '.join(keys)}); rewrite it with tools/prepare_data.py")
     shards = meta["shards"]
+    if not isinstance(shards, list) or not all(
+            isinstance(s, dict) and {"file", "num_examples", "bytes", "sha256"} <= set(s)
+            for s in shards):
+        raise errors.ConfigError(f"{meta_path!r}: every shard needs file, num_examples, "
+                                 f"bytes and sha256; rewrite it with tools/prepare_data.py")
     total = sum(s["bytes"] for s in shards)
     if sum(s["num_examples"] for s in shards) != meta["num_examples"]:
         raise errors.ConfigError(f"{meta_path!r}: the shards hold "

@@ -101,7 +101,7 @@ class Source:
 
         def read(indices):
             # A numpy gather (one call per batch) instead of tf.constant(x): no second
-            # copy of the array in the graph, and a memory-mapped npz stays mapped.
+            # copy of the array in the graph.
             got_x, got_label = tf.numpy_function(
                 lambda i: (x[i], labels[i]), [indices], [dtype, tf.int32], stateful=False)
             got_x.set_shape([None, *self.shape])

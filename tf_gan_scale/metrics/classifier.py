@@ -137,12 +137,13 @@ def _batches_where(source, mask, batch_size=1024):
 
 
 def _stream_where(source, mask):
-    """The streamed examples whose position i has mask[i]."""
+    """The examples (in model space) of a source not in memory whose position i has
+    mask[i], in stored order (read by index, or a stream's one-part order)."""
     keep = tf.constant(np.append(mask, False))  # Positions past N (none expected): out.
     last = len(mask)
-    return (source.stream.enumerate()
+    return (data.sources.examples(source).enumerate()
             .filter(lambda i, ex: tf.gather(keep, tf.minimum(i, last)))
-            .map(lambda i, ex: ex))
+            .map(lambda i, ex: {"x": data.sources.to_float(ex["x"]), "label": ex["label"]}))
 
 
 def _train_dataset(source, train_mask, batch_size, seed):

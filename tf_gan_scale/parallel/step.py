@@ -241,15 +241,19 @@ class MeshTrainer:
 
         input_fn: a data.input_fn; called with this client's `split`."""
         split = self.split()
-        pieces = iter(input_fn(split=split))
+        pieces = iter(input_fn(split=split))  # Now: bad input fails here, not at next().
         spot = {c: i for i, c in enumerate(split.chunks)}
         owners = [spot[loc["batch"]] for loc in self.mesh.local_device_locations()]
-        while True:
-            got = [next(pieces) for _ in split.chunks]
-            yield tuple(dtensor.pack(
-                [got[i][key] for i in owners],
-                tensors.layout(self.mesh, ("batch",) + (None,) * (got[0][key].shape.rank - 1)))
-                for key in ("x", "label"))
+
+        def assembled():
+            while True:
+                got = [next(pieces) for _ in split.chunks]
+                yield tuple(dtensor.pack(
+                    [got[i][key] for i in owners],
+                    tensors.layout(self.mesh,
+                                   ("batch",) + (None,) * (got[0][key].shape.rank - 1)))
+                    for key in ("x", "label"))
+        return assembled()
 
     def batch(self, real, labels=None):
         """Host arrays [GB, ...] (and labels [GB]) -> DTensors split over "batch"."""
