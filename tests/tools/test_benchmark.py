@@ -12,7 +12,8 @@ KEYS = {"config", "source", "strategy", "replicas", "global_batch", "d_steps",
         "steps_per_execution", "batches_per_call", "pipeline_batches_per_sec",
         "pipeline_images_per_sec", "pipeline_timed_batches", "train_steps_per_sec",
         "train_batches_per_sec", "step_time_s", "input_headroom", "all_step_times_s",
-        "all_pipeline_batches_per_sec"}
+        "all_pipeline_batches_per_sec", "rows_read_per_batch", "resume_first_batch_s",
+        "peak_rss_mb"}
 
 
 def test_time_input_pipeline_pulls_k_batches_per_call(one_device):
@@ -56,6 +57,10 @@ def check_numbers(result, *, source, d_steps=1):
     assert result["step_time_s"] == pytest.approx(result["all_step_times_s"][0], abs=1e-4)
     assert result["pipeline_batches_per_sec"] == pytest.approx(
         result["all_pipeline_batches_per_sec"][0])
+    # One worker reads the global batch per batch it pulls (prefetch past the timed
+    # window adds a little); no resume positions were asked for.
+    assert 32 <= result["rows_read_per_batch"] < 1.5 * 32
+    assert result["resume_first_batch_s"] == {} and result["peak_rss_mb"] > 0
     # The report rounds (images/s to 1 decimal, batches/s to 2, ratios to 2-3): the abs
     # bounds below are half a unit of the rounding, so a slow machine's small rates pass.
     # At least --steps calls of batches_per_call batches were timed, for at least
