@@ -31,8 +31,8 @@ def test_mixed_bfloat16_computes_in_bf16_with_float32_variables_and_outputs(name
         assert {v.dtype for v in net.weights if "float" in v.dtype} == {"float32"}, net.name
         # ... while the hidden layers compute in bfloat16.
         assert sum(layer.compute_dtype == "bfloat16" for layer in net.layers) >= 2, net.name
-    z = tf.random.normal([4, 7])
-    labels = tf.constant([0, 1, 2, 0])
+    z = tf.random.normal([5, 7])  # 5 rows: SMALL's minibatch-std groups (stylegan2).
+    labels = tf.constant([0, 1, 2, 0, 1])
     x = g([z, labels] if classes else z, training=True)
     logits = d([x, labels] if classes else x, training=True)
     assert x.dtype == logits.dtype == tf.float32  # What losses and samples need.

@@ -1,0 +1,393 @@
+"""StyleGAN2 (Karras et al. 2020) as in stylegan2-ada-pytorch (training/networks.py).
+
+Formulas, constants and the official file:function of each part: docs/stylegan2.md.
+
+G (functional, name "generator"): z [B, latent_dim] (+ labels int32 [B]) -> `mapping`
+(MappingNetwork: w [B, w_dim]) -> `broadcast` (RepeatVector: ws [B, num_ws, w_dim]) ->
+`synthesis` (SynthesisNetwork: image [B, R, R, C] float32, roughly in [-1, 1], no tanh).
+The step code calls `parts(G)` -> (mapping, synthesis) separately (style mixing, path
+length); both layers work on their own, outside the functional graph.
+
+  synthesis: learned 4x4 const -> b4 (conv1, torgb) -> blocks 8..R (conv0 up 2, conv1,
+  torgb), architecture 'skip': img = upsample2d(img) + torgb(x). Conv j uses ws[:, j];
+  the torgb of block k (b4 is k = 0) uses ws[:, 2k+1], i.e. it shares its w with the
+  next block's conv0 (official w_idx bookkeeping). Channels ch(res) =
+  min(int(fmaps*32768) // res, channel_max).
+
+D (functional, name "discriminator"): x [B, R, R, C] (+ labels) -> [B, 1] float32:
+  fromrgb (1x1, lrelu) in the first block; blocks R..8: 'resnet' (skip 1x1 down, no bias,
+  gain sqrt 1/2; conv0 3x3; conv1 3x3 down 2 gain sqrt 1/2; summed) or 'orig' (no skip);
+  epilogue at 4x4: minibatch stddev -> conv 3x3 -> fc -> out. Conditional: out has
+  cmap_dim = ch(4) features and the logit is sum(out * cmap) / sqrt(cmap_dim), cmap from
+  an 8-layer mapping network of the labels (z_dim 0, lr_mul 0.01).
+
+Randomness (one device = N replicas): the synthesis network's noise in training mode is
+drawn per example from its GLOBAL row (`latents.current_rows`) and a checkpointed call
+counter (`SynthesisNetwork.calls`, +1 per training-mode call): see
+`layers.stylegan.layer_noise`. Inference (training=False) uses each layer's constant
+noise buffer, so samples are a deterministic function of (z, labels). Minibatch stddev
+groups are formed inside chunks of `mbstd_chunk` GLOBAL rows (`layers.stylegan.MinibatchStd`).
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_gan_scale import errors, latents
+from tf_gan_scale.layers.stylegan import (EqualizedConv2D, EqualizedDense, MinibatchStd,
+                                          SynthesisLayer, ToRGB, check_mbstd, layer_noise,
+                                          normalize_2nd_moment, upsample2d)
+from tf_gan_scale.precision import OUTPUT
+
+
+def track(layer, sublayers):
+    """Makes sublayers held in a list attributes of `layer` too (by their names).
+
+    Keras 3 tracks a list of layers for `weights` and `.keras` files, but TensorFlow's
+    object-graph checkpoints (tf.train.Checkpoint, what training saves) do not see
+    inside it: a model whose weights only an optimizer references (the EMA copy) lost
+    them on resume. As attributes they are saved; Keras does not count them twice."""
+    for sub in sublayers:
+        setattr(layer, sub.name, sub)
+
+
+def channels(res, fmaps=1.0, channel_max=512):
+    """ch(res) = min(channel_base // res, channel_max), channel_base = int(fmaps * 32768)."""
+    return min(int(fmaps * 32768) // res, channel_max)
+
+
+def num_ws(resolution):
+    """Number of w vectors the synthesis network takes: 2*log2(resolution) - 2."""
+    return 2 * int(round(math.log2(resolution))) - 2
+
+
+def truncate(ws, w_avg, psi, cutoff=None):
+    """Truncation trick: w_avg + psi * (ws - w_avg) on ws [B, num_ws, w_dim] (all layers,
+    or the first `cutoff`). Training never truncates."""
+    t = w_avg + psi * (ws - w_avg)
+    if cutoff is None:
+        return t
+    return tf.concat([t[:, :cutoff], ws[:, cutoff:]], axis=1)
+
+
+@keras.saving.register_keras_serializable(package="tf_gan_scale")
+class MappingNetwork(keras.layers.Layer):
+    """MappingNetwork: (z, labels) -> w [B, w_dim] (float32).
+
+    x = normalize_2nd_moment(z) (if z_dim > 0); conditional: y = normalize_2nd_moment(
+    FC(one_hot(labels), c_dim -> w_dim, lr_mul 1)) concatenated after x; then num_layers
+    FCs (-> w_dim, lrelu, lr_mul). With w_avg_beta set it holds a non-trainable `w_avg`
+    [w_dim] (initial 0), used only for truncation (`truncate`), never in training.
+
+    w_avg is NOT updated by calls: the step calls `update_w_avg(mapping, mean_w)` with the
+    mean w of the GLOBAL batch (summed on G's gradient all-reduce), so N replicas keep the
+    w_avg one device keeps, without an extra collective per mapping call (the official
+    code updates it per GPU from its own rows and keeps rank 0's; SG3 only in the Dgen
+    pass). Every replica assigns the same value: aggregation only_first_replica.
+
+    Call: z [B, z_dim]; [z, labels int32 [B]] when conditional; labels alone when
+    z_dim == 0 (D's label mapping).
+    """
+
+    def __init__(self, *, z_dim, c_dim=0, w_dim=512, num_layers=8, lr_mul=0.01,
+                 w_avg_beta=0.995, **kwargs):
+        kwargs.setdefault("dtype", "float32")  # Official: the mapping stays float32.
+        super().__init__(**kwargs)
+        self.z_dim, self.c_dim, self.w_dim = int(z_dim), int(c_dim), int(w_dim)
+        self.num_layers, self.lr_mul = int(num_layers), float(lr_mul)
+        self.w_avg_beta = None if w_avg_beta is None else float(w_avg_beta)
+        if self.z_dim <= 0 and self.c_dim <= 0:
+            raise ValueError("MappingNetwork needs z_dim > 0 or c_dim > 0")
+        self.embed = (EqualizedDense(self.w_dim, name="embed", dtype="float32")
+                      if self.c_dim else None)
+        self.fcs = [EqualizedDense(self.w_dim, "lrelu", lr_mul=self.lr_mul, name=f"fc{i}",
+                                   dtype="float32") for i in range(self.num_layers)]
+        track(self, self.fcs)
+
+    def build(self, input_shape):
+        if self.embed is not None:
+            self.embed.build((None, self.c_dim))
+        features = (self.z_dim if self.z_dim else 0) + (self.w_dim if self.c_dim else 0)
+        for fc in self.fcs:
+            fc.build((None, features))
+            features = self.w_dim
+        self.w_avg = None
+        if self.w_avg_beta is not None:
+            self.w_avg = self.add_weight(name="w_avg", shape=(self.w_dim,),
+                                         initializer="zeros", trainable=False,
+                                         aggregation="only_first_replica")
+
+    def _split(self, inputs):
+        if self.z_dim and self.c_dim:
+            return inputs[0], inputs[1]
+        return (inputs, None) if self.z_dim else (None, inputs)
+
+    def call(self, inputs, training=False):
+        z, labels = self._split(inputs)
+        parts = []
+        if z is not None:
+            parts.append(normalize_2nd_moment(z))
+        if labels is not None:
+            one_hot = tf.one_hot(tf.cast(tf.reshape(labels, [-1]), tf.int32), self.c_dim)
+            parts.append(normalize_2nd_moment(self.embed(one_hot)))
+        x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+        for fc in self.fcs:
+            x = fc(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        first = input_shape[0] if (self.z_dim and self.c_dim) else input_shape
+        return (first[0], self.w_dim)
+
+    def get_config(self):
+        return {**super().get_config(), "z_dim": self.z_dim, "c_dim": self.c_dim,
+                "w_dim": self.w_dim, "num_layers": self.num_layers, "lr_mul": self.lr_mul,
+                "w_avg_beta": self.w_avg_beta}
+
+
+@keras.saving.register_keras_serializable(package="tf_gan_scale")
+class SynthesisNetwork(keras.layers.Layer):
+    """SynthesisNetwork (architecture 'skip'): ws [B, num_ws, w_dim] -> image
+    [B, R, R, img_channels] float32.
+
+    Noise: training=True draws each conv's noise per example (`layer_noise` with this
+    layer's seed, the incremented call counter `calls` and the rows
+    `latents.current_rows(B)`); training=False uses each conv's constant buffer.
+    `calls` is a checkpointed int64 non-trainable weight (aggregation only_first_replica:
+    replicas run in lockstep), so a resumed run continues the same noise sequence.
+
+    Args:
+        resolution: R, a power of two >= 4. img_channels: C. w_dim: style size.
+        fmaps, channel_max: channel widths (`channels`). conv_clamp: None or float.
+        seed: int, the noise seed (random and constant noise).
+    """
+
+    def __init__(self, *, resolution, img_channels, w_dim=512, fmaps=1.0, channel_max=512,
+                 conv_clamp=None, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.resolution, self.img_channels = int(resolution), int(img_channels)
+        self.w_dim, self.fmaps, self.channel_max = int(w_dim), float(fmaps), int(channel_max)
+        self.conv_clamp = None if conv_clamp is None else float(conv_clamp)
+        self.seed = int(seed)
+        self.block_res = [2 ** i for i in range(2, int(math.log2(self.resolution)) + 1)]
+        ch = lambda r: channels(r, self.fmaps, self.channel_max)  # noqa: E731
+        common = dict(w_dim=self.w_dim, conv_clamp=self.conv_clamp, noise_seed=self.seed)
+        self.convs, self.torgbs = [], []
+        for res in self.block_res:
+            if res > 4:
+                self.convs.append(SynthesisLayer(ch(res), resolution=res, up=2,
+                                                 layer_index=len(self.convs),
+                                                 name=f"b{res}_conv0", **common))
+            self.convs.append(SynthesisLayer(ch(res), resolution=res,
+                                             layer_index=len(self.convs),
+                                             name=f"b{res}_conv1", **common))
+            self.torgbs.append(ToRGB(self.img_channels, w_dim=self.w_dim,
+                                     conv_clamp=self.conv_clamp, name=f"b{res}_torgb"))
+        track(self, self.convs + self.torgbs)
+        self.num_ws = num_ws(self.resolution)
+
+    def build(self, input_shape):
+        ch = lambda r: channels(r, self.fmaps, self.channel_max)  # noqa: E731
+        self.const = self.add_weight(name="const", shape=(4, 4, ch(4)),
+                                     initializer=keras.initializers.RandomNormal(stddev=1.0))
+        self.calls = self.add_weight(name="calls", shape=(), dtype="int64",
+                                     initializer="zeros", trainable=False,
+                                     aggregation="only_first_replica")
+        c_in = ch(4)
+        for conv in self.convs:
+            conv.build((None, None, None, c_in))
+            c_in = conv.filters
+        for res, torgb in zip(self.block_res, self.torgbs):
+            torgb.build((None, res, res, ch(res)))
+
+    def call(self, ws, training=False):
+        b = tf.shape(ws)[0]
+        noise_of = lambda j, res: None  # noqa: E731  (constant buffers)
+        if training:
+            count = self.calls.assign_add(1)
+            rows = latents.current_rows(b)
+            noise_of = lambda j, res: layer_noise(self.seed, count, j, rows, res)  # noqa
+        x = tf.tile(tf.cast(self.const, self.compute_dtype)[None], [b, 1, 1, 1])
+        img, j = None, 0
+        for k, (res, torgb) in enumerate(zip(self.block_res, self.torgbs)):
+            for _ in range(1 if res == 4 else 2):
+                x = self.convs[j](x, ws[:, j], noise=noise_of(j, res))
+                j += 1
+            y = torgb(x, ws[:, 2 * k + 1])  # float32
+            img = y if img is None else upsample2d(img) + y
+        return img
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.resolution, self.resolution, self.img_channels)
+
+    def get_config(self):
+        return {**super().get_config(), "resolution": self.resolution,
+                "img_channels": self.img_channels, "w_dim": self.w_dim, "fmaps": self.fmaps,
+                "channel_max": self.channel_max, "conv_clamp": self.conv_clamp,
+                "seed": self.seed}
+
+
+def update_w_avg(mapping, mean_w):
+    """w_avg <- beta * w_avg + (1 - beta) * mean_w (the official lerp(mean, w_avg, beta)).
+
+    mean_w: [w_dim], the mean w of the GLOBAL batch (the same on every replica)."""
+    beta = mapping.w_avg_beta
+    new = beta * mapping.w_avg + (1.0 - beta) * tf.cast(mean_w, tf.float32)
+    return mapping.w_avg.assign(new)
+
+
+def num_ws_of(synthesis):
+    """Number of ws [B, num_ws, w_dim] a SynthesisNetwork layer takes."""
+    return synthesis.num_ws
+
+
+def mbstd_chunk(discriminator):
+    """The minibatch-stddev chunk (rows) of a StyleGAN2 discriminator; 0 if it has none."""
+    chunks = [layer.chunk for layer in getattr(discriminator, "layers", [])
+              if isinstance(layer, MinibatchStd)]
+    return chunks[0] if chunks else 0
+
+
+def check_batch(model_config, per_replica_batch):
+    """ConfigError unless the per-replica batch is a multiple of the minibatch-stddev chunk
+    (model_config: config.model with mbstd_group / mbstd_chunk, defaults 4 / 0): a chunk
+    must never straddle two replicas, or groups would depend on the replica count."""
+    group = int(model_config.get("mbstd_group", 4))
+    chunk = int(model_config.get("mbstd_chunk", 0)) or group
+    if per_replica_batch % chunk:
+        raise errors.ConfigError(
+            f"stylegan2 minibatch-std chunks of {chunk} rows (config.model.mbstd_chunk, "
+            f"mbstd_group={group}) must not straddle replicas; the per-replica batch "
+            f"{per_replica_batch} is not a multiple of {chunk}")
+
+
+def parts(generator):
+    """(mapping layer, synthesis layer) of a StyleGAN2 generator (or a clone of one)."""
+    return generator.get_layer("mapping"), generator.get_layer("synthesis")
+
+
+def is_style_generator(model):
+    """Whether `model` is a StyleGAN2 generator (has the mapping and synthesis layers)."""
+    names = {layer.name: layer for layer in getattr(model, "layers", [])}
+    return (isinstance(names.get("mapping"), MappingNetwork)
+            and isinstance(names.get("synthesis"), SynthesisNetwork))
+
+
+def _check(data_shape, d_architecture, mbstd_group, mbstd_chunk, fmaps, channel_max,
+           mapping_layers):
+    if len(data_shape) != 3 or data_shape[0] != data_shape[1]:
+        raise errors.ConfigError(f"stylegan2 needs square images (H, W, C) with H == W; "
+                                 f"Received: data_shape={data_shape}")
+    r = data_shape[0]
+    if not errors.is_int(r) or r < 8 or r & (r - 1):
+        raise errors.ConfigError(f"stylegan2 resolution must be a power of two >= 8; "
+                                 f"Received: data_shape={data_shape}")
+    if d_architecture not in ("resnet", "orig"):
+        raise errors.ConfigError(f"stylegan2 d_architecture must be 'resnet' or 'orig'; "
+                                 f"Received: d_architecture={d_architecture!r}")
+    try:
+        check_mbstd(None, mbstd_group, mbstd_chunk or mbstd_group)
+    except ValueError as e:
+        raise errors.ConfigError(f"stylegan2 mbstd_chunk: {e}") from None
+    if mbstd_group < 1 or fmaps <= 0 or channel_max < 1 or mapping_layers < 1:
+        raise errors.ConfigError(
+            f"stylegan2 needs mbstd_group >= 1, fmaps > 0, channel_max >= 1, mapping_layers "
+            f">= 1; Received: mbstd_group={mbstd_group}, fmaps={fmaps}, "
+            f"channel_max={channel_max}, mapping_layers={mapping_layers}")
+    if channels(r, fmaps, channel_max) < 1:
+        raise errors.ConfigError(f"stylegan2 fmaps={fmaps} gives 0 channels at {r}x{r}; "
+                                 f"fmaps must be >= {r / 32768}")
+
+
+def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layers=8,
+          fmaps=1.0, channel_max=512, mbstd_group=4, mbstd_chunk=0, d_architecture="resnet",
+          conv_clamp=None, mapping_lr_mul=0.01, w_avg_beta=0.995, seed=0):
+    """Builds the StyleGAN2 pair (module docstring).
+
+    Args:
+        data_shape: (R, R, C), R a power of two >= 8.
+        latent_dim: z_dim. num_classes: 0 (unconditional) or the number of classes.
+        w_dim: size of w. mapping_layers: FC layers of G's mapping (8; presets auto and
+            cifar use 2). fmaps, channel_max: ch(res) = min(int(fmaps*32768)//res,
+            channel_max) (paper256: fmaps 0.5; stylegan2/cifar: 1).
+        mbstd_group: minibatch-stddev group size (stylegan2 4, paper256 8, cifar 32).
+        mbstd_chunk: rows per virtual chunk of global rows (0 = mbstd_group); the
+            official batch_gpu is the faithful choice.
+        d_architecture: "resnet" (every preset but cifar) or "orig" (cifar).
+        conv_clamp: None, or 256 (official with mixed precision).
+        mapping_lr_mul: lr multiplier of the mapping FCs (0.01). w_avg_beta: w_avg EMA.
+        seed: int, seed of the noise inputs (weights use Keras' global seed).
+
+    Returns:
+        (generator [z] or [z, labels int32 [B]] -> [B, R, R, C] float32,
+         discriminator [x] or [x, labels] -> [B, 1] float32 logits).
+
+    Example:
+        >>> g, d = build(data_shape=(32, 32, 3), latent_dim=32, w_dim=32, fmaps=1 / 64,
+        ...              mapping_layers=2)
+    """
+    data_shape = tuple(data_shape)
+    _check(data_shape, d_architecture, mbstd_group, mbstd_chunk, fmaps, channel_max,
+           mapping_layers)
+    res, img_channels = data_shape[0], data_shape[2]
+    ch = lambda r: channels(r, fmaps, channel_max)  # noqa: E731
+    conditional = num_classes > 0
+
+    # ---- Generator.
+    z = keras.Input((latent_dim,), name="z")
+    inputs = z
+    if conditional:
+        labels = keras.Input((), dtype="int32", name="labels")
+        inputs = [z, labels]
+    mapping = MappingNetwork(z_dim=latent_dim, c_dim=num_classes, w_dim=w_dim,
+                             num_layers=mapping_layers, lr_mul=mapping_lr_mul,
+                             w_avg_beta=w_avg_beta, name="mapping")
+    w = mapping(inputs)
+    ws = keras.layers.RepeatVector(num_ws(res), name="broadcast", dtype="float32")(w)
+    synthesis = SynthesisNetwork(resolution=res, img_channels=img_channels, w_dim=w_dim,
+                                 fmaps=fmaps, channel_max=channel_max, conv_clamp=conv_clamp,
+                                 seed=seed, name="synthesis")
+    img = synthesis(ws)
+    generator = keras.Model(inputs, img, name="generator")
+
+    # ---- Discriminator.
+    image = keras.Input(data_shape, name="x")
+    x = image
+    resnet = d_architecture == "resnet"
+    half = float(np.sqrt(0.5))
+    r = res
+    while r > 4:
+        tmp, out = ch(r), ch(r // 2)
+        if r == res:
+            x = EqualizedConv2D(tmp, 1, "lrelu", conv_clamp=conv_clamp,
+                                name=f"b{r}_fromrgb")(x)
+        if resnet:
+            y = EqualizedConv2D(out, 1, down=2, use_bias=False, gain=half, name=f"b{r}_skip")(x)
+        x = EqualizedConv2D(tmp, 3, "lrelu", conv_clamp=conv_clamp, name=f"b{r}_conv0")(x)
+        x = EqualizedConv2D(out, 3, "lrelu", down=2, gain=half if resnet else 1.0,
+                            conv_clamp=conv_clamp, name=f"b{r}_conv1")(x)
+        if resnet:
+            x = keras.layers.Add(name=f"b{r}_add")([y, x])
+        r //= 2
+    c4 = ch(4)
+    cmap_dim = c4 if conditional else 0
+    # The epilogue stays float32 (official).
+    x = MinibatchStd(mbstd_group, mbstd_chunk, name="b4_mbstd", dtype="float32")(x)
+    x = EqualizedConv2D(c4, 3, "lrelu", conv_clamp=conv_clamp, name="b4_conv",
+                        dtype="float32")(x)
+    x = keras.layers.Flatten(name="b4_flatten", dtype="float32")(x)
+    x = EqualizedDense(c4, "lrelu", name="b4_fc", dtype="float32")(x)
+    x = EqualizedDense(cmap_dim or 1, name="b4_out", dtype=OUTPUT)(x)
+    if conditional:
+        d_labels = keras.Input((), dtype="int32", name="labels")
+        cmap = MappingNetwork(z_dim=0, c_dim=num_classes, w_dim=cmap_dim, num_layers=8,
+                              lr_mul=mapping_lr_mul, w_avg_beta=None, name="mapping")(d_labels)
+        x = keras.layers.Dot(axes=1, name="projection", dtype=OUTPUT)([x, cmap])
+        x = keras.layers.Rescaling(1.0 / float(np.sqrt(cmap_dim)), name="cmap_scale",
+                                   dtype=OUTPUT)(x)
+        discriminator = keras.Model([image, d_labels], x, name="discriminator")
+    else:
+        discriminator = keras.Model(image, x, name="discriminator")
+    return generator, discriminator
