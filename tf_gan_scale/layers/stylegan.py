@@ -1,6 +1,6 @@
 """StyleGAN2 building blocks (Karras et al. 2020, stylegan2-ada-pytorch), NHWC, pure TF ops.
 
-Reference: /work/shared/STYLEGAN2_ADA_NOTES.md sections 1-4; official names in brackets.
+Formulas and the official file:function of each part: docs/stylegan2.md; official names in brackets.
 
   * FIR resampling with the [1,3,3,1] filter [upfirdn2d.py:_upfirdn2d_ref, setup_filter]
     and the conv2d_resample orderings [conv2d_resample.py]: `upfirdn2d`, `upsample2d`,
