@@ -105,12 +105,12 @@ def tree_digest(root):
 IN_PROCESS = [
     (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
     (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
-                                     "train: accumulation_steps, augment, checkpoint_every,"),
+                                     "train: accumulation_steps, ada_interval, ada_kimg, ada_p,"),
     (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: arrayrecord, embedded"),
     (["--config.data.source=npz:/no/such.npz"], "npz file not found: '/no/such.npz'"),
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
     (["--config.model.name=stylegan"],
-     "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet"),
+     "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet, stylegan2"),
     (["--config.model.latent_dim=7"], "does not match this config's model"),
     (["--collective=mpi"], "unknown collective 'mpi'; valid: auto, nccl, ring"),
     (["--cluster_resolver=k8s"], "unknown cluster resolver 'k8s'; valid: slurm, tf_config"),

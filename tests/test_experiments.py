@@ -12,7 +12,10 @@ from tf_gan_scale import training
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.py")))
 SHAPES = {"embedded:digits": (8, 8, 1), "tfds:mnist": (28, 28, 1), "toy:grid25": (2,),
-          "tfds:cifar10": (32, 32, 3), "tfds:imagenet2012@128": (128, 128, 3)}
+          "tfds:cifar10": (32, 32, 3), "tfds:imagenet2012@128": (128, 128, 3),
+          "arrayrecord:/data/ffhq256": (256, 256, 3),
+          "arrayrecord:/data/ffhq1024": (1024, 1024, 3),
+          "arrayrecord:/work/data/mnist32": (32, 32, 1)}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)

@@ -12,7 +12,7 @@ Numeric keys are range-checked by `training.validate` before a run touches its w
 
 import ml_collections
 
-from tf_gan_scale import data
+from tf_gan_scale import data, errors
 
 
 def base():
@@ -55,9 +55,24 @@ def base():
     c.train.lr_warmup_steps = 0
     # EMA of G's weights (gan/ema.py), used for samples and scores when decay > 0.
     c.train.ema = ml_collections.ConfigDict({"decay": 0.0, "start": 0, "warmup": 0})
+    # StyleGAN2-ADA's EMA instead when kimg > 0: half-life in thousands of images, ramped
+    # up with the images seen (rampup > 0), gan/ema.py.
+    c.train.ema.kimg = 0.0
+    c.train.ema.rampup = 0.0
     # Stabilizers (GAN.compile documents each): 0 / "" = off.
     c.train.penalty_every = 1         # Lazy penalty: every k-th D update, weight x k.
-    c.train.augment = ""              # DiffAugment policy: color,translation,cutout.
+    c.train.augment = ""              # DiffAugment policy: color,translation,cutout; or
+    c.train.ada_target = 0.6          # "ada": StyleGAN2-ADA's adaptive pipeline, whose p
+    c.train.ada_p = 0.0               # starts here and moves by 1 per ada_kimg x 1000
+    c.train.ada_kimg = 500.0          # images towards E[sign D(real)] = ada_target, every
+    c.train.ada_interval = 4          # ada_interval steps (0: p fixed).
+    # StyleGAN2: R1 (penalty_every) and path length (pl_every) as their own updates.
+    c.train.lazy_phases = False
+    c.train.pl_weight = 0.0           # Path-length regularization (StyleGAN2: 2).
+    c.train.pl_every = 4
+    c.train.pl_batch_shrink = 2
+    c.train.pl_decay = 0.01
+    c.train.style_mixing = 0.0        # Style-mixing probability (StyleGAN2: 0.9).
     c.train.label_smoothing = 0.0     # One-sided: D's real target 1 - s.
     c.train.instance_noise = 0.0      # Std of noise on D's inputs, annealed linearly
     c.train.instance_noise_steps = 0  # to 0 over this many steps (0: constant).
@@ -104,4 +119,62 @@ def base():
     # "g:I,d:J" (or --placement): G on device I, D on device J of one process, micro-
     # batches by train.accumulation_steps (parallel/placement.py); "": off.
     c.parallel.placement = ""
+    return c
+
+
+# ---- StyleGAN2-ADA presets ---------------------------------------------------------------
+
+# The official presets (stylegan2-ada-pytorch train.py cfg_specs), frozen: `auto` depends
+# on the GPU count and is not one of them. chunk = the official per-GPU batch (batch /
+# ref_gpus): the minibatch-std groups, style-mixing cut-offs and path-length rows are
+# drawn per chunk of global rows, so the result does not depend on the replica count.
+STYLEGAN2_PRESETS = {
+    #            res   batch chunk mbstd fmaps  lr      gamma  ema  ramp  map  mixing pl  D
+    "paper256": (256, 64, 8, 8, 0.5, 0.0025, 1.0, 20.0, 0.0, 8, 0.9, 2.0, "resnet"),
+    "stylegan2": (1024, 32, 4, 4, 1.0, 0.002, 10.0, 10.0, 0.0, 8, 0.9, 2.0, "resnet"),
+    "cifar": (32, 64, 32, 32, 1.0, 0.0025, 0.01, 500.0, 0.05, 2, 0.0, 0.0, "orig"),
+}
+
+
+def stylegan2(preset):
+    """config for StyleGAN2-ADA preset `preset` (STYLEGAN2_PRESETS), over base().
+
+    Everything the official preset fixes: resolution (via the source), batch, minibatch-
+    std group and chunk, channels (fmaps), Adam(lr, betas (0, 0.99), eps 1e-8) for G and
+    D (lazy_phases adjusts them by I/(I+1): training/build.py), R1 gamma (penalty_weight =
+    gamma / 2, every 16 steps), path length (weight 2, every 4 steps), style mixing, the
+    EMA half-life in kimg and its ramp-up, the mapping depth, D's architecture, ADA
+    (target 0.6, 500 kimg, interval 4). ConfigError for an unknown preset."""
+    row = errors.choose("stylegan2 preset", preset, STYLEGAN2_PRESETS)
+    (res, batch, chunk, mbstd, fmaps, lr, gamma, ema, ramp, layers, mixing, pl,
+     d_arch) = row
+    c = base()
+    # FFHQ is not in TFDS: prepare it (tools/prepare_data.py) into arrayrecord:DIR.
+    c.data.source = "tfds:cifar10" if res == 32 else f"arrayrecord:/data/ffhq{res}"
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "stylegan2"
+    c.model.latent_dim = 512
+    c.model.conditional = False
+    c.model.w_dim = 512
+    c.model.mapping_layers = layers
+    c.model.fmaps = fmaps
+    c.model.channel_max = 512
+    c.model.mbstd_group = mbstd
+    c.model.mbstd_chunk = chunk
+    c.model.d_architecture = d_arch
+    c.model.conv_clamp = None
+    t = c.train
+    t.global_batch_size = batch
+    t.num_steps = 25_000_000 // batch  # The official 25,000 kimg.
+    t.loss = "non_saturating"
+    for opt in (t.g_optimizer, t.d_optimizer):
+        opt.name, opt.learning_rate = "adam", lr
+        opt.beta_1, opt.beta_2, opt.epsilon = 0.0, 0.99, 1e-8
+    t.penalty, t.penalty_weight, t.penalty_every = "r1", gamma / 2.0, 16
+    t.lazy_phases = True
+    t.pl_weight, t.pl_every = pl, 4
+    t.style_mixing = mixing
+    t.ema.kimg, t.ema.rampup = ema, ramp
+    t.augment = "ada"
+    c.eval.num_samples = 50_000  # fid50k_full: 50k fakes against every real image.
     return c

@@ -310,7 +310,7 @@ def test_g_gradient_in_two_stages_is_the_one_tape_gradient(ortho_weight):
     model = sgd_dcgan(ortho_weight=ortho_weight)
     rows, step = tf.range(GB), tf.constant(3, tf.int64)
     state = [w.numpy() for w in model.generator.weights + model.discriminator.weights]
-    grads, share = model.gan_step.g_grads(rows, GB, step)
+    grads, share, _ = model.gan_step.g_grads(rows, GB, step)
     for w, value in zip(model.generator.weights + model.discriminator.weights, state):
         w.assign(value)  # The same BN statistics and dropout counters again.
     z = latents.rows_normal(latents.key(model.seed, step, latents.G_PHASE), rows, [LATENT])

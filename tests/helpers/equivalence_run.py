@@ -80,6 +80,22 @@ def cases():
         "packed": ({**dcgan, "train.grad_pack_bytes": 2048}, "digits"),
         # bfloat16 arithmetic, float32 variables, statistics and outputs (precision.py).
         "bf16": ({**dcgan, "train.precision": "mixed_bfloat16"}, "digits"),
+        # StyleGAN2-ADA (issue 26), 4 steps: modulated convolutions with per-row noise,
+        # minibatch-std chunks of 4 global rows, style mixing (one cut-off per chunk),
+        # lazy R1 and path length as their own updates (both at steps 0 and 2, pl_mean
+        # all-reduced), ADA at p = 0.3 adjusted every step from the global sign
+        # statistic, w_avg from the global mean w, the kimg EMA.
+        "stylegan2": ({"model.name": "stylegan2", "model.w_dim": 8, "model.mapping_layers": 2,
+                       "model.fmaps": 1 / 256, "model.channel_max": 8, "model.mbstd_group": 2,
+                       "model.mbstd_chunk": 4, "train.loss": "non_saturating",
+                       "train.penalty": "r1", "train.penalty_weight": 0.5,
+                       "train.penalty_every": 2, "train.lazy_phases": True,
+                       "train.pl_weight": 2.0, "train.pl_every": 2, "train.style_mixing": 0.9,
+                       "train.augment": "ada", "train.ada_p": 0.3, "train.ada_interval": 1,
+                       "train.ada_kimg": 0.32,
+                       "train.ema": {"decay": 0.0, "start": 0, "warmup": 0, "kimg": 0.1,
+                                     "rampup": 0.05}},
+                      "digits16", 4),
         # The D-side stabilizers: LeCam, instance noise, label smoothing, lazy R1.
         "stabilizers": ({"model.d_dropout": 0.0, "train.lecam_weight": 0.5,
                          "train.instance_noise": 0.1, "train.instance_noise_steps": 4,
@@ -102,7 +118,7 @@ def make_config(overrides, source):
     # D update of "sgd": rounding then flips its slope on some topologies and the G
     # gradient moves by 1% (a property of the point, not of the distributed math).
     c["seed"] = 1
-    if overrides.get("model.name") in ("mlp", "biggan"):
+    if overrides.get("model.name") in ("mlp", "biggan", "stylegan2"):
         c["model"] = dict(name=overrides["model.name"], latent_dim=8)
     for key, value in overrides.items():
         section, leaf = key.split(".")
@@ -230,8 +246,9 @@ def main(argv):
         nets = {"generator": model.generator, "discriminator": model.discriminator}
         if model.ema is not None:
             nets["ema_generator"] = model.ema.model
-        if getattr(model, "lecam_anchors", None) is not None:
-            out[f"{name}/lecam_anchors"] = model.lecam_anchors.numpy()
+        for state in ("lecam_anchors", "ada_p", "ada_stats", "pl_mean"):
+            if getattr(model, state, None) is not None:
+                out[f"{name}/{state}"] = np.asarray(getattr(model, state).numpy())
         for label, net in nets.items():
             for i, v in enumerate(net.weights):  # Same creation order on every topology.
                 out[f"{name}/{label}/{i:03d}"] = np.asarray(v.numpy())

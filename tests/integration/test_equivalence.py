@@ -42,7 +42,7 @@ from helpers.mw_helpers import ENV, max_relative_diff
 TOL = 1e-5
 ADAM_TOL = 3e-3
 SGD_CASES = ["sgd", "arrayrecord", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean", "biggan",
-             "stabilizers", "no_bn", "accumulate", "accumulate_bn", "packed"]
+             "stabilizers", "no_bn", "accumulate", "accumulate_bn", "packed", "stylegan2"]
 # The 1 vs default intra-op threads floor (measured 2026-11-30 on every case): wgan_gp's
 # double backprop rounds most (3.1e-7), the others <= 5e-8; biggan is the deepest graph,
 # large_mean the largest activations, sgd the reference the scale-error run uses.
@@ -71,7 +71,7 @@ SLOW_RUNS = {  # name: flags of tests/helpers/equivalence_run.py
     "one_device_1_thread": ["--strategy=one_device", "--intra_op_threads=1",
                             f"--cases={','.join(FLOOR_CASES)}"],
     "mirrored2_scale_error": ["--strategy=mirrored", "--num_cpu_devices=2", "--scale_error",
-                              "--cases=sgd"],
+                              "--cases=sgd,stylegan2"],
 }
 RUN_FLAGS = {"one_device": ["--strategy=one_device"], **SLOW_RUNS}
 slow = pytest.mark.slow
@@ -184,6 +184,9 @@ def test_replicas_and_workers_train_what_one_device_trains(runs, case, topology)
 def test_a_2x_gradient_scale_error_fails_by_orders_of_magnitude(runs):
     assert diff(runs["one_device"], runs["mirrored2_scale_error"], "sgd") >= 1e3 * TOL
     assert diff(runs["one_device"], runs["mirrored2_scale_error"], "sgd") >= 5 * BF16_TOL
+    # StyleGAN2's four updates per step (Dmain, Gmain, Dreg, Greg) all divide by the
+    # global batch: a local one moves the weights far outside the tolerance too.
+    assert diff(runs["one_device"], runs["mirrored2_scale_error"], "stylegan2") >= 1e3 * TOL
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -266,6 +269,10 @@ def test_one_collective_per_purpose(runs):
     assert counts["bf16"] == 15  # Precision changes no communication.
     # Packs of 2 KB: the same sums (SGD_CASES) in more, smaller collectives.
     assert counts["packed"] > counts["sgd"]
+    # StyleGAN2 (no batch norm): the gradient all-reduces of Dmain, Gmain, Dreg and Greg
+    # (ADA's statistic, w_avg's mean and the losses ride on them) and the path-length
+    # mean's; the lazy phases' branches are taken around strategy.run.
+    assert counts["stylegan2"] == 4 + 1
 
 
 def test_the_biggan_case_exercises_what_it_claims(runs):
@@ -279,3 +286,17 @@ def test_the_biggan_case_exercises_what_it_claims(runs):
     losses = one["biggan/g_loss"]
     assert np.abs(np.diff(losses)).max() > 1e-3  # Training moves: not a dead network.
     assert one["stabilizers/lecam_anchors"].any()
+
+
+def test_the_stylegan2_case_exercises_what_it_claims(runs):
+    """StyleGAN2-ADA's state moved on every topology (and equally: SGD_CASES compares
+    it): ADA's p left 0.3 by whole adjustments of 16 / 320 = 0.05, the path-length mean
+    left 0 (two Greg phases), the kimg EMA differs from G, w_avg is not 0."""
+    for name, run in runs.items():
+        moves = (float(run["stylegan2/ada_p"]) - 0.3) / 0.05
+        assert abs(moves) >= 1 and abs(moves - round(moves)) < 1e-4, (name, moves)
+        assert float(run["stylegan2/pl_mean"]) > 0, name
+        ema = sorted(k for k in run.files if k.startswith("stylegan2/ema_generator/"))
+        gap = max(np.abs(run[k] - run[k.replace("ema_generator", "generator")]).max()
+                  for k in ema)
+        assert gap > 1e-5, name

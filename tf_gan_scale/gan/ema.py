@@ -15,6 +15,13 @@ Schedule, for the generator step t counted AFTER the update (t = 1 after the fir
 so the average starts from the weights at `start` (BigGAN-PyTorch's `ema_start`) and its
 horizon grows linearly over `warmup` steps instead of averaging in the random init.
 
+StyleGAN2-ADA's schedule (training_loop.py, "Update G_ema") instead, with `half_life_kimg`
+> 0: a half-life in images, optionally ramped up with the images seen so far,
+    nimg = (t - 1) x B   (the images before this update; B = the global batch)
+    h    = half_life_kimg x 1000, or min(that, nimg x rampup) when rampup > 0
+    d_t  = 0.5 ^ (B / max(h, 1e-8))
+(paper256: 20 kimg at B = 64 gives 0.997784; with a ramp-up the first update copies).
+
 Batch-norm statistics: the moving mean and variance are averaged like the weights
 (BigGAN-PyTorch's `ema` does the same to its buffers): the EMA model normalizes with
 an EMA of the statistics the live generator tracked, not statistics measured on the
@@ -34,6 +41,17 @@ import keras
 import tensorflow as tf
 
 from tf_gan_scale import errors
+
+
+def check_kimg(half_life_kimg, rampup, batch_size, prefix="ema_"):
+    """ConfigError for a bad StyleGAN-style schedule (one line naming the key)."""
+    for name, value in (("kimg", half_life_kimg), ("rampup", rampup)):
+        if not (isinstance(value, numbers.Real) and float(value) >= 0):
+            raise errors.ConfigError(f"{prefix}{name} must be a number >= 0; Received: "
+                                     f"{value!r}")
+    if half_life_kimg and not (errors.is_int(batch_size) and batch_size >= 1):
+        raise errors.ConfigError(f"{prefix}kimg={half_life_kimg} needs the global batch "
+                                 f"size (an integer >= 1); Received: {batch_size!r}")
 
 
 def check(decay, start, warmup, num_steps=None, prefix="ema_"):
@@ -60,11 +78,17 @@ class GeneratorEMA:
         decay: float in (0, 1), e.g. 0.999 (BigGAN-PyTorch: 0.9999).
         start: G steps during which the EMA just copies the weights.
         warmup: G steps after `start` over which the decay ramps linearly to `decay`.
+        half_life_kimg / rampup / batch_size: StyleGAN2-ADA's schedule (module
+            docstring) when half_life_kimg > 0; batch_size is the global batch.
     """
 
-    def __init__(self, generator, decay, start=0, warmup=0):
+    def __init__(self, generator, decay, start=0, warmup=0, half_life_kimg=0.0, rampup=0.0,
+                 batch_size=0):
         check(decay, start, warmup)
+        check_kimg(half_life_kimg, rampup, batch_size)
         self.decay, self.start, self.warmup = float(decay), int(start), int(warmup)
+        self.half_life_kimg, self.rampup = float(half_life_kimg), float(rampup)
+        self.batch_size = int(batch_size)
         self.model = keras.models.clone_model(generator)
         self.model.build(generator.inputs[0].shape if len(generator.inputs) == 1
                          else [i.shape for i in generator.inputs])
@@ -80,6 +104,14 @@ class GeneratorEMA:
 
     def decay_at(self, step):
         """d_t (float32 scalar tensor) for generator step `step` (counted after the update)."""
+        if self.half_life_kimg:
+            batch = float(self.batch_size)
+            images = tf.constant(self.half_life_kimg * 1000.0, tf.float64)
+            if self.rampup:
+                seen = (tf.cast(step, tf.float64) - 1.0) * batch
+                images = tf.minimum(images, seen * self.rampup)
+            decay = tf.pow(tf.constant(0.5, tf.float64), batch / tf.maximum(images, 1e-8))
+            return tf.cast(decay, tf.float32)
         t = tf.cast(step, tf.float32) - float(self.start)
         if self.warmup:
             ramp = tf.minimum(1.0, t / float(self.warmup))

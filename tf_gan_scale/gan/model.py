@@ -19,7 +19,7 @@ from tf_gan_scale.architectures import calls
 from tf_gan_scale.gan import checks, step_function
 from tf_gan_scale.gan import ema as ema_lib
 from tf_gan_scale.gan.step import REPLICAS, GanStep
-from tf_gan_scale.gan.step_config import StepConfig
+from tf_gan_scale.gan.step_config import ADA, StepConfig
 from tf_gan_scale.layers import convert
 from tf_gan_scale.metrics import scoring
 
@@ -38,7 +38,10 @@ class GAN(keras.Model):
             (`architectures`): real labels come from the data, fake labels are drawn
             uniformly per example from `latents`.
         ema_decay / ema_start / ema_warmup: an EMA copy of the generator (`gan/ema.py`),
-            `gan.ema_generator`, when ema_decay > 0 (e.g. 0.999). It is what `gan(z)`,
+            `gan.ema_generator`, when ema_decay > 0 (e.g. 0.999).
+        ema_kimg / ema_rampup / ema_batch_size: StyleGAN2-ADA's EMA instead (a half-life
+            in thousands of images, ramped up with the images seen; the global batch
+            size), when ema_kimg > 0. It is what `gan(z)`,
             `predict`, `generate`, sample grids and scores use (`gan.sampler`).
         sync_batch_norm: "auto" (default), True or False. Plain Keras
             `BatchNormalization` computes per-replica statistics; "auto" replaces it by
@@ -59,7 +62,7 @@ class GAN(keras.Model):
 
     def __init__(self, generator, discriminator, latent_dim, *, seed=0,
                  sync_batch_norm="auto", num_classes=0, ema_decay=0.0, ema_start=0,
-                 ema_warmup=0, **kwargs):
+                 ema_warmup=0, ema_kimg=0.0, ema_rampup=0.0, ema_batch_size=0, **kwargs):
         super().__init__(**kwargs)
         if not generator.built:
             generator.build((None, int(latent_dim)))
@@ -76,10 +79,13 @@ class GAN(keras.Model):
         self.num_classes = int(num_classes)
         self._sync_batch_norm = sync_batch_norm
         self._ema_config = {"ema_decay": float(ema_decay), "ema_start": int(ema_start),
-                            "ema_warmup": int(ema_warmup)}
+                            "ema_warmup": int(ema_warmup), "ema_kimg": float(ema_kimg),
+                            "ema_rampup": float(ema_rampup),
+                            "ema_batch_size": int(ema_batch_size)}
         self.ema = None
-        if ema_decay:
-            self.ema = ema_lib.GeneratorEMA(generator, ema_decay, ema_start, ema_warmup)
+        if ema_decay or ema_kimg:
+            self.ema = ema_lib.GeneratorEMA(generator, ema_decay, ema_start, ema_warmup,
+                                            ema_kimg, ema_rampup, ema_batch_size)
             self.ema_generator = self.ema.model
         self.eval_offset = 0  # Evaluation examples seen in this `evaluate` call.
         self._topology = REPLICAS  # How an engine runs the step (gan.step.Topology).
@@ -132,7 +138,7 @@ class GAN(keras.Model):
         config = StepConfig(**knobs)
         strategy = self.distribute_strategy
         tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-        config.validate(discriminator=self.discriminator,
+        config.validate(discriminator=self.discriminator, generator=self.generator,
                         num_replicas=strategy.num_replicas_in_sync, tpu=tpu)
         super().compile(steps_per_execution=steps_per_execution, jit_compile=False)
         self.step_config = config
@@ -158,6 +164,16 @@ class GAN(keras.Model):
             if config.lecam_weight and getattr(self, "lecam_anchors", None) is None:
                 self.lecam_anchors = keras.Variable([0.0, 0.0], trainable=False,
                                                     name="lecam_anchors")
+            # StyleGAN2-ADA's state, updated from global values on every replica like
+            # the anchors: ADA's p and its statistic [sum of sign(D(real)), count], the
+            # path-length mean.
+            if config.augment == ADA and getattr(self, "ada_p", None) is None:
+                self.ada_p = keras.Variable(float(config.ada_p), trainable=False,
+                                            name="ada_p")
+                self.ada_stats = keras.Variable([0.0, 0.0], trainable=False,
+                                                name="ada_stats")
+            if config.pl_weight and getattr(self, "pl_mean", None) is None:
+                self.pl_mean = keras.Variable(0.0, trainable=False, name="pl_mean")
         self.gan_step = GanStep(
             generator=self.generator, discriminator=self.discriminator, config=config,
             latent_dim=self.latent_dim, seed=self.seed, num_classes=self.num_classes,
@@ -166,7 +182,9 @@ class GAN(keras.Model):
             trackers={m.name: m for m in (
                 self.d_loss_tracker, self.g_loss_tracker, self.d_grad_norm_tracker,
                 self.g_grad_norm_tracker, self.d_skipped_tracker, self.g_skipped_tracker)},
-            topology=self._topology)
+            topology=self._topology,
+            ada_state=(self.ada_p, self.ada_stats) if config.augment == ADA else None,
+            pl_mean=getattr(self, "pl_mean", None) if config.pl_weight else None)
         self.train_function = None
 
     def get_compile_config(self):
@@ -264,8 +282,9 @@ class GAN(keras.Model):
                  "g_optimizer": self.g_optimizer, "d_optimizer": self.d_optimizer}
         if self.ema is not None:
             items["ema_generator"] = self.ema.model
-        if getattr(self, "lecam_anchors", None) is not None:
-            items["lecam_anchors"] = self.lecam_anchors
+        for name in ("lecam_anchors", "ada_p", "ada_stats", "pl_mean"):
+            if getattr(self, name, None) is not None:
+                items[name] = getattr(self, name)
         return items
 
     def load_weights(self, filepath, *args, **kwargs):

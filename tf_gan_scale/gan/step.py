@@ -24,9 +24,12 @@ import keras
 import tensorflow as tf
 
 from tf_gan_scale import latents, replica
+from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.architectures.calls import call_generator
+from tf_gan_scale.gan import ada as ada_lib
 from tf_gan_scale.gan import augment as augment_lib
 from tf_gan_scale.gan import checks, losses, penalties, regularizers
+from tf_gan_scale.gan.step_config import ADA
 
 NONFINITE = "nonfinite"  # train()'s output: which check failed (0: none).
 NONFINITE_D, NONFINITE_G, UNEVEN = 1, 2, 3
@@ -80,6 +83,9 @@ class GanStep:
         latent_dim, seed, num_classes: as `GAN`'s.
         g_optimizer / d_optimizer: built Keras optimizers; G's `iterations` is the step.
         ema: a `GeneratorEMA` or None; lecam_anchors: the LeCam anchor variable [2] or None.
+        ada_state: with augment="ada", (p float32 scalar, [sum of sign(D(real)), count])
+            variables, else None; pl_mean: the path-length mean (float32 scalar
+            variable) with pl_weight > 0, else None. Checkpointed by `GAN`.
         trackers: {name: keras.metrics.Mean} of "d_loss", "g_loss", "d_grad_norm",
             "g_grad_norm", "d_skip_rate", "g_skip_rate" (missing names are not logged).
         topology: the engine's `Topology`.
@@ -87,7 +93,7 @@ class GanStep:
 
     def __init__(self, *, generator, discriminator, config, latent_dim, seed, num_classes,
                  g_optimizer, d_optimizer, ema=None, lecam_anchors=None, trackers=None,
-                 topology=REPLICAS):
+                 topology=REPLICAS, ada_state=None, pl_mean=None):
         self.generator, self.discriminator = generator, discriminator
         self.config = config
         self.latent_dim, self.seed, self.num_classes = latent_dim, seed, num_classes
@@ -100,6 +106,13 @@ class GanStep:
             self.loss_fn = losses.smooth_real_labels(self.loss_fn,
                                                      float(config.label_smoothing))
         self.penalty_fn = penalties.get(config.penalty)
+        self.ada_state, self.pl_mean = ada_state, pl_mean
+        # A style generator runs as its two networks (mixing, path length); its
+        # virtual chunk (D's minibatch-std chunk) keys the per-chunk draws.
+        self.style = (stylegan2.parts(generator) if stylegan2.is_style_generator(generator)
+                      else None)
+        self.chunk = stylegan2.mbstd_chunk(discriminator) or max(
+            1, int(config.pl_batch_shrink))
 
     @property
     def sampler(self):
@@ -134,7 +147,11 @@ class GanStep:
         instance noise. Every draw is per example (keyed by the global row) and drawn
         afresh per update (phase), so N replicas match one device and resume is exact."""
         c = self.config
-        if c.augment:
+        if c.augment == ADA:
+            x = ada_lib.augment(x, tf.convert_to_tensor(self.ada_state[0]),
+                                latents.key(self.seed, step, latents.AUGMENT_PHASE + phase),
+                                rows)
+        elif c.augment:
             x = augment_lib.augment(
                 x, c.augment, latents.key(self.seed, step, latents.AUGMENT_PHASE + phase), rows)
         if c.instance_noise:
@@ -146,6 +163,55 @@ class GanStep:
                                         rows, list(x.shape[1:]))
             x = x + std * noise
         return x
+
+    def fakes(self, z, labels, rows, step, phase, training=True):
+        """G's images [m, ...] float32 for latents z [m, latent_dim] and labels [m] of the
+        global rows `rows` [m], in latents phase `phase`. Also returns w [m, w_dim] of a
+        style generator (else None), for its w_avg. Layers that draw per example (a
+        style generator's noise inputs, dropout) see `rows`."""
+        if self.style is None:
+            with latents.example_rows(rows):
+                return call_generator(self.generator, z, labels, training=training), None
+        ws, w = self.styles(z, labels, rows, step, phase, training)
+        return self.synthesize(ws, rows, training), w
+
+    def styles(self, z, labels, rows, step, phase, training=True):
+        """A style generator's per-layer styles ws [m, num_ws, w_dim] and w [m, w_dim].
+
+        Style mixing (StyleGAN2, training/loss.py:StyleGAN2Loss.run_G): with probability
+        style_mixing the layers from a cut-off uniform in [1, num_ws - 1] on take the
+        w of a second latent. The official code draws one cut-off per GPU and
+        accumulation round, so its result depends on the GPU count; here the cut-off is
+        one draw per CHUNK of global rows (D's minibatch-std chunk, the official
+        per-GPU batch), keyed by (seed, step, phase, chunk), and the second latent one
+        per row: the same on every topology."""
+        mapping, synthesis = self.style
+        w = self._map(mapping, z, labels, training)
+        num_ws = stylegan2.num_ws_of(synthesis)
+        ws = tf.tile(w[:, None, :], [1, num_ws, 1])
+        if not (training and self.config.style_mixing):
+            return ws, w
+        chunks = tf.cast(rows, tf.int64) // self.chunk
+        u = latents.rows_uniform(latents.key(self.seed, step, latents.MIX_PHASE + phase),
+                                 chunks, [2])
+        cutoff = tf.minimum(1 + tf.cast(u[:, 1] * (num_ws - 1), tf.int32), num_ws - 1)
+        cutoff = tf.where(u[:, 0] < float(self.config.style_mixing), cutoff, num_ws)
+        z2 = latents.rows_normal(
+            latents.key(self.seed, step, latents.MIX_LATENT_PHASE + phase), rows,
+            [self.latent_dim])
+        w2 = self._map(mapping, z2, labels, training)
+        keep = tf.range(num_ws)[None, :] < cutoff[:, None]  # [m, num_ws]
+        return tf.where(keep[..., None], ws, w2[:, None, :]), w
+
+    def _map(self, mapping, z, labels, training):
+        out = mapping([z, labels] if self.num_classes else z, training=training)
+        return tf.cast(out, tf.float32)
+
+    def synthesize(self, ws, rows, training=True):
+        """A style generator's images [m, ...] float32 from styles ws [m, num_ws, w_dim];
+        its noise inputs are drawn for the global rows `rows`."""
+        with latents.example_rows(rows):
+            return tf.cast(self.style[1](ws, training=training), tf.float32)
 
     def micro_batches(self):
         """Slices of this replica's rows for gradient accumulation: micro-batch j of K
@@ -190,14 +256,14 @@ class GanStep:
     def d_grads(self, real, real_labels, rows, gb, step, k):
         """D's local gradients on real rows [m, ...] (global rows `rows` [m], of a global
         batch of gb) and as many fakes, in D update k of the step: (grads, this replica's
-        share of the global mean D loss, [its shares of D's global mean real and fake
-        outputs] for LeCam, else [])."""
+        share of the global mean D loss, riders: [its shares of D's global mean real and
+        fake outputs] for LeCam, then [its sum of sign(D(real))] for ADA)."""
         c = self.config
         b = tf.shape(real)[0]
         z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
         fake_labels = self.fake_labels(step, k, rows)
         with self.topology.on("g"):
-            fake = call_generator(self.generator, z, fake_labels, training=True)
+            fake, _ = self.fakes(z, fake_labels, rows, step, k)
         join = self.topology.join
         # One device sees [real rows 0..GB-1; fake rows 0..GB-1]: per-example noise in D
         # (dropout, augmentation, instance noise) is keyed by that global position.
@@ -214,7 +280,7 @@ class GanStep:
             if c.lecam_weight:
                 per_example += float(c.lecam_weight) * regularizers.lecam(
                     real_logits, fake_logits, self.lecam_anchors[0], self.lecam_anchors[1])
-            if self.penalty_fn is not None:
+            if self.penalty_fn is not None and not c.lazy_phases:
                 per_example += self.penalty(x[:b], x[b:], real_labels, rows, step, k)
             # This replica's share of the global mean; the all-reduce sums the shares.
             share = replica.global_mean(per_example, gb)
@@ -223,12 +289,15 @@ class GanStep:
         # LeCam's anchors move with D's GLOBAL mean outputs: their shares ride along.
         means = [replica.global_mean(tf.reshape(v, [-1]), gb)
                  for v in (real_logits, fake_logits)] if c.lecam_weight else []
+        if self.ada_state is not None:  # ADA's statistic: summed over every replica.
+            means.append(tf.reduce_sum(tf.sign(real_logits)))
         return grads, share, means
 
     def g_grads(self, rows, gb, step, regularize=True):
         """G's local gradients for the fakes of global rows `rows` [m] of a global batch
         of gb: (grads, this replica's share of the global mean G loss, plus the orthogonal
-        regularizer's 1/N if `regularize`: once per update, not per micro-batch)."""
+        regularizer's 1/N if `regularize`: once per update, not per micro-batch; the sum
+        of w [w_dim] over the rows for a style generator, else None)."""
         c = self.config
         on = self.topology.on
         z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE), rows,
@@ -236,7 +305,7 @@ class GanStep:
         labels = self.fake_labels(step, latents.G_PHASE, rows)
         variables = self.generator.trainable_variables
         with on("g"), tf.GradientTape() as g_tape:
-            fake = call_generator(self.generator, z, labels, training=True)
+            fake, w = self.fakes(z, labels, rows, step, latents.G_PHASE)
             targets = [fake]
             reg = None
             if c.ortho_weight and regularize:
@@ -264,7 +333,10 @@ class GanStep:
             # d loss / d fake into G, plus the regularizer's own gradient (weight 1).
             grads = g_tape.gradient(targets, variables, output_gradients=[d_fake] + [
                 tf.ones_like(t) for t in targets[1:]])
-        return grads, share if reg is None else share + reg
+        # A style generator's w_avg follows the mean w of the GLOBAL batch: its sum
+        # rides on G's all-reduce (the official code keeps one per GPU, from its rows).
+        w_sum = None if w is None else tf.reduce_sum(w, 0)
+        return grads, share if reg is None else share + reg, w_sum
 
     # ---- updates -------------------------------------------------------------------------
 
@@ -289,6 +361,8 @@ class GanStep:
         b = tf.shape(real)[0]
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
+        if k == 0:  # Before this step's first augmentation.
+            self.ada_adjust(step, gb)
         grads, shares, means = None, [], []
         with self.topology.on("d"):  # G's forward passes inside go to G's device.
             for part in self.micro_batches():
@@ -302,7 +376,9 @@ class GanStep:
                 [tf.add_n(shares), b] + means, self.config.grad_pack_bytes)
         if self.config.lecam_weight:
             self.lecam_anchors.assign(regularizers.update_anchor(
-                self.lecam_anchors, tf.stack(means), float(self.config.lecam_decay)))
+                self.lecam_anchors, tf.stack(means[:2]), float(self.config.lecam_decay)))
+        if self.ada_state is not None:
+            self.ada_record(means[-1], gb)
         self._record("d_grad_norm", norm)
         self._count_skips(self.d_optimizer, skipped, "d_skip_rate")
         return d_loss, finite, count
@@ -314,22 +390,166 @@ class GanStep:
         D batches) rides along, so every replica and worker reaches the same verdict."""
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
-        grads, shares = None, []
+        grads, shares, w_sums = None, [], []
         with self.topology.on("g"):  # D's passes inside go to D's device.
             for j, part in enumerate(self.micro_batches()):
-                g, share = self.g_grads(rows[part], gb, step, regularize=j == 0)
+                g, share, w_sum = self.g_grads(rows[part], gb, step, regularize=j == 0)
                 grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
                 shares.append(share)
-            (g_loss, uneven), finite, norm, skipped = replica.apply_global_gradients(
-                self.g_optimizer, grads, self.generator.trainable_variables,
-                [tf.add_n(shares), uneven], self.config.grad_pack_bytes)
+                if w_sum is not None:
+                    w_sums.append(w_sum)
+            riders = [tf.add_n(shares), uneven] + ([tf.add_n(w_sums)] if w_sums else [])
+            (g_loss, uneven, *w_sum), finite, norm, skipped = replica.apply_global_gradients(
+                self.g_optimizer, grads, self.generator.trainable_variables, riders,
+                self.config.grad_pack_bytes)
+        if w_sum:  # The global mean w moves w_avg (used for truncation only).
+            stylegan2.update_w_avg(self.style[0], w_sum[0] / tf.cast(gb, tf.float32))
         self._record("g_grad_norm", norm)
-        if self.ema is not None:
+        if self.ema is not None and not self.config.lazy_phases:
             # Reads G's weights and the step after the update (automatic control
             # dependencies order reads after writes of the same variable).
             self.ema.update(self.generator, self.g_optimizer.iterations)
         self._count_skips(self.g_optimizer, skipped, "g_skip_rate")
         return g_loss, finite, uneven
+
+    # ---- StyleGAN2: ADA's p and the lazy regularization phases ---------------------------
+
+    def ada_record(self, sign_sum, count):
+        """Adds a D pass's GLOBAL sum of sign(D(real)) over `count` reals to ADA's
+        statistic (an integer sum: exactly the same on every topology)."""
+        stats = self.ada_state[1]
+        stats.assign(stats + tf.stack([sign_sum, tf.cast(count, tf.float32)]))
+
+    def ada_adjust(self, step, gb):
+        """ADA's controller (training_loop.py, "Execute ADA heuristic"): every
+        ada_interval steps, p += sign(r_t - target) x gb x interval / (ada_kimg x 1000),
+        p >= 0, with r_t the mean sign of D(real) over the reals of the Dmain and Dreg
+        passes since the last adjustment; then the statistic restarts. Runs at the start
+        of step t for the steps before it (the official runs after step t - 1: the same
+        order). p, the statistic and the step are checkpointed: resume is exact."""
+        c = self.config
+        if self.ada_state is None or not c.ada_interval:
+            return
+        p, stats = self.ada_state
+        due = tf.logical_and(step > 0, tf.equal(step % c.ada_interval, 0))
+        due = tf.logical_and(due, stats[1] > 0)
+        new = ada_lib.adjust_p(p, stats[0], stats[1], gb, c.ada_interval,
+                               float(c.ada_target), float(c.ada_kimg))
+        p.assign(tf.where(due, new, p))
+        stats.assign(tf.where(due, tf.zeros([2]), stats))
+
+    def _phase_update(self, optimizer, grads, variables, riders):
+        """A lazy phase's optimizer update, which does not count as a step: the main
+        updates' `iterations` stays the step counter (data position, latents,
+        checkpoints). So Adam's bias correction counts main updates only (the official
+        counts every update: a difference in the first few hundred steps)."""
+        out = replica.apply_global_gradients(optimizer, grads, variables, riders,
+                                             self.config.grad_pack_bytes)
+        optimizer.iterations.assign_sub(1)
+        return out
+
+    def d_reg(self, data, step):
+        """StyleGAN2's Dreg phase (loss.py:accumulate_gradients, phase 'Dreg'): its own D
+        update with R1 = penalty_weight x penalty_every x ||d sum D(A(x)) / d x||^2 on
+        the step's reals x, taken with respect to the images BEFORE augmentation A (so
+        through ADA's pipe), as the official code does. Set penalty_weight to gamma / 2.
+
+        Returns {"d_reg": global mean penalty, NONFINITE: code}."""
+        c = self.config
+        real, labels = unpack(data, need_labels=bool(self.num_classes))
+        b = tf.shape(real)[0]
+        gb = replica.global_batch_size(b)
+        rows = replica.global_rows(b)
+        weight = float(c.penalty_weight) * c.penalty_every  # The lazy gain.
+        variables = self.discriminator.trainable_variables
+        with tf.GradientTape() as tape:
+            with tf.GradientTape() as inner:
+                inner.watch(real)
+                x = self.d_inputs(real, rows, step, latents.DREG_PHASE)
+                with latents.example_rows(rows):
+                    logits = self.discriminate(x, labels, training=True)
+                total = tf.reduce_sum(logits)
+            g = inner.gradient(total, real)
+            r1 = tf.reduce_sum(tf.reshape(tf.square(g), [b, -1]), axis=1)
+            share = replica.global_mean(weight * r1, gb)
+            loss = self.d_optimizer.scale_loss(share)
+        grads = tape.gradient(loss, variables)
+        riders = [share]
+        if self.ada_state is not None:  # The Dreg reals count in ADA's statistic too.
+            riders.append(tf.reduce_sum(tf.sign(tf.reshape(logits, [-1]))))
+        (pen, *signs), finite, _, _ = self._phase_update(self.d_optimizer, grads, variables,
+                                                          riders)
+        if signs:
+            self.ada_record(signs[0], gb)
+        return {"d_reg": pen, NONFINITE: tf.where(finite, 0, NONFINITE_D)}
+
+    def pl_rows(self, b):
+        """The global rows [m] of this replica's path-length pass: the first
+        chunk / pl_batch_shrink rows of each chunk (the official pass uses
+        gen_z[:batch_gpu // 2] of each GPU's round), and m."""
+        shrink = int(self.config.pl_batch_shrink)
+        chunk = self.chunk
+        keep = max(1, chunk // shrink)
+        rows = tf.reshape(replica.global_rows(b), [-1, chunk])[:, :keep]
+        return tf.reshape(rows, [-1])
+
+    def g_reg(self, data, step):
+        """StyleGAN2's Greg phase (loss.py, 'Greg'): its own G update with the path-length
+        penalty pl_weight x pl_every x (|J_w^T y| - pl_mean)^2, y = image-space noise /
+        sqrt(H W), |.| = sqrt of the mean over the num_ws styles of the squared norm.
+
+        pl_mean <- pl_mean + pl_decay (mean |J_w^T y| - pl_mean): the mean over the
+        GLOBAL path-length batch, one all-reduce (the official keeps one per GPU and
+        never saves it: here it is the same on every topology and checkpointed). The
+        official penalty is not detached from the 0.01 x mean term; its gradient is kept
+        exactly without differentiating through the all-reduce: with l_i the lengths, m
+        the new mean, M rows and S = 2 (mean(l) - m), d/dtheta of mean_i (l_i - m)^2 is
+        mean_i [2 (l_i - m) - decay S] dl_i/dtheta, the gradient of the local surrogate
+        (l_i - stop(m))^2 - decay stop(S) l_i.
+
+        Returns {"pl_penalty": global mean penalty, NONFINITE: code}."""
+        c = self.config
+        real, _ = unpack(data)
+        b = tf.shape(real)[0]
+        rows = self.pl_rows(b)
+        count = tf.cast(replica.global_batch_size(tf.shape(rows)[0]), tf.float32)
+        z = latents.rows_normal(latents.key(self.seed, step, latents.PL_PHASE), rows,
+                                [self.latent_dim])
+        labels = self.fake_labels(step, latents.PL_PHASE, rows)
+        weight = float(c.pl_weight) * c.pl_every
+        decay = float(c.pl_decay)
+        variables = self.generator.trainable_variables
+        with tf.GradientTape() as tape:
+            ws, _ = self.styles(z, labels, rows, step, latents.PL_PHASE)
+            with tf.GradientTape() as inner:
+                inner.watch(ws)
+                img = self.synthesize(ws, rows)
+                h, w = img.shape[1], img.shape[2]
+                noise = latents.rows_normal(latents.key(self.seed, step, latents.PL_PHASE + 1),
+                                            rows, list(img.shape[1:])) / float(h * w) ** 0.5
+                total = tf.reduce_sum(img * noise)
+            g = inner.gradient(total, ws)  # [m, num_ws, w_dim]
+            lengths = tf.sqrt(tf.reduce_mean(tf.reduce_sum(tf.square(g), 2), 1))  # [m]
+            mean = _global_sum(tf.stop_gradient(tf.reduce_sum(lengths))) / count
+            new_mean = self.pl_mean + decay * (mean - self.pl_mean)
+            slope = tf.stop_gradient(2.0 * (mean - new_mean))
+            surrogate = tf.square(lengths - new_mean) - decay * slope * lengths
+            share = tf.reduce_sum(weight * surrogate) / count
+            loss = self.g_optimizer.scale_loss(share)
+        grads = tape.gradient(loss, variables)
+        penalty = tf.reduce_sum(weight * tf.square(lengths - new_mean)) / count
+        (pen,), finite, _, _ = self._phase_update(self.g_optimizer, grads, variables,
+                                                  [penalty])
+        self.pl_mean.assign(new_mean)
+        return {"pl_penalty": pen, NONFINITE: tf.where(finite, 0, NONFINITE_G)}
+
+    def end_of_step(self, step):
+        """With lazy phases, what follows every phase of step `step` (the step loop runs
+        it after them): the EMA update, which the official code makes after all phases
+        of an iteration, so it sees the path-length update too. Returns 0 (int32)."""
+        if self.ema is not None:
+            self.ema.update(self.generator, step + 1)  # The step counted after it.
+        return tf.constant(0, tf.int32)
 
     def _count_skips(self, optimizer, skipped, name):
         """Logs the update dynamic loss scaling skipped (mixed_float16), if it can."""
@@ -436,6 +656,14 @@ class GanStep:
         d_mean.update_state(sums[0] / count, sample_weight=count)
         g_mean.update_state(sums[1] / count, sample_weight=count)
         return {"d_loss": d_mean.result(), "g_loss": g_mean.result(), "examples": n}
+
+
+def _global_sum(x):
+    """x summed over every replica (one all-reduce; x itself without a strategy)."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return x
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, x)
 
 
 def add_grads(a, b):

@@ -21,10 +21,12 @@ from typing import Any
 import keras
 
 from tf_gan_scale import errors
+from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.gan import augment as augment_lib
 from tf_gan_scale.gan import checks, losses, penalties
 
 ENGINES = ("replicas", "placement", "mesh")
+ADA = "ada"  # config.train.augment value of StyleGAN2-ADA's adaptive pipeline.
 JIT_CHOICES = ("auto", "true", "false")
 
 
@@ -52,7 +54,13 @@ class StepConfig:
     lecam_weight: float = _knob(0.0, engines=("replicas", "placement"),
                                 doc="LeCam regularization (Tseng et al. 2021)")
     lecam_decay: float = _knob(0.99, doc="decay of LeCam's EMA anchors")
-    augment: str = _knob("", doc="DiffAugment policy, e.g. color,translation,cutout")
+    augment: str = _knob("", doc="DiffAugment policy, e.g. color,translation,cutout; or "
+                                 "'ada': StyleGAN2-ADA's adaptive bgc pipeline (gan/ada.py)")
+    ada_target: float = _knob(0.6, doc="ADA: the target of r_t = E[sign(D(real))]")
+    ada_p: float = _knob(0.0, doc="ADA: the initial augmentation probability p")
+    ada_kimg: float = _knob(500.0, doc="ADA: thousands of images for p to move by 1")
+    ada_interval: int = _knob(4, doc="ADA: G steps between adjustments of p (0: p fixed "
+                                     "at ada_p)")
     label_smoothing: float = _knob(0.0, doc="one-sided: D's real target is 1 - s "
                                             "(cross-entropy losses)")
     instance_noise: float = _knob(0.0, doc="std of Gaussian noise on every D input")
@@ -61,6 +69,21 @@ class StepConfig:
     ortho_weight: float = _knob(0.0, doc="BigGAN's orthogonal regularization of G")
     grad_pack_bytes: int = _knob(0, doc="all-reduce gradients in packs of this size, "
                                         "last layers first (0: one all-reduce)")
+    # StyleGAN2 (Karras et al. 2020): the regularizers as their own optimizer updates.
+    lazy_phases: bool = _knob(False, engines=("replicas",),
+                              doc="the penalty (every penalty_every steps) and path length "
+                                  "(every pl_every steps) as their own updates on fresh "
+                                  "passes, after the main D and G updates (StyleGAN2's "
+                                  "Dreg / Greg), instead of fused into the D update")
+    pl_weight: float = _knob(0.0, engines=("replicas",),
+                             doc="path-length regularization of a style generator "
+                                 "(StyleGAN2: 2; needs lazy_phases)")
+    pl_every: int = _knob(4, doc="G steps between path-length updates (weight x pl_every)")
+    pl_batch_shrink: int = _knob(2, doc="the path-length pass uses 1/k of each chunk's rows")
+    pl_decay: float = _knob(0.01, doc="decay of the global path-length mean pl_mean")
+    style_mixing: float = _knob(0.0, engines=("replicas",),
+                                doc="probability of mixing two latents at a cut-off layer "
+                                    "(one draw per mbstd chunk) in a style generator")
 
     @classmethod
     def names(cls):
@@ -73,10 +96,11 @@ class StepConfig:
 
     # ---- validation --------------------------------------------------------------------
 
-    def validate(self, *, discriminator=None, num_replicas=1, tpu=False):
+    def validate(self, *, discriminator=None, generator=None, num_replicas=1, tpu=False):
         """Raises ConfigError (one line naming config.train.<key>, the value and what is
         valid) for the first bad knob. With `discriminator`, also the knobs it cannot run
-        (lazy regularization needs a D without batch norm); with `num_replicas`, XLA on
+        (lazy regularization needs a D without batch norm); with `generator`, path length
+        and style mixing need a style generator; with `num_replicas`, XLA on
         several replicas (a TPUStrategy compiles every step anyway)."""
         losses.get(self.loss)
         penalties.get(self.penalty)
@@ -89,17 +113,52 @@ class StepConfig:
             value = getattr(self, key)
             if not (errors.is_real(value) and math.isfinite(value) and value >= 0):
                 raise _bad(key, value, "a finite number >= 0")
+        for key in ("pl_every", "pl_batch_shrink"):
+            value = getattr(self, key)
+            if not errors.is_int(value) or value < 1:
+                raise _bad(key, value, "an integer >= 1")
+        for key in ("pl_weight", "ada_p", "ada_kimg"):
+            value = getattr(self, key)
+            if not (errors.is_real(value) and math.isfinite(value) and value >= 0):
+                raise _bad(key, value, "a finite number >= 0")
+        if not errors.is_int(self.ada_interval) or self.ada_interval < 0:
+            raise _bad("ada_interval", self.ada_interval, "an integer >= 0 (0: p fixed)")
+        if not (errors.is_real(self.ada_target) and 0.0 < self.ada_target < 1.0):
+            raise _bad("ada_target", self.ada_target, "in (0, 1) (StyleGAN2-ADA: 0.6)")
+        for key in ("style_mixing", "pl_decay"):
+            value = getattr(self, key)
+            if not (errors.is_real(value) and 0.0 <= value <= 1.0):
+                raise _bad(key, value, "in [0, 1]")
+        if not isinstance(self.lazy_phases, bool):
+            raise _bad("lazy_phases", self.lazy_phases, "True or False")
         for key in ("label_smoothing", "lecam_decay"):
             value = getattr(self, key)
             if not (errors.is_real(value) and 0.0 <= value < 1.0):
                 raise _bad(key, value, "in [0, 1)")
-        augment_lib.check_policy(self.augment)
+        if self.augment != ADA:
+            augment_lib.check_policy(self.augment)
         if self.label_smoothing and saved_name(self.loss, losses.LOSSES) \
                 not in losses.CROSS_ENTROPY:
             raise errors.ConfigError(
                 f"config.train.label_smoothing needs a cross-entropy loss; Received: "
                 f"config.train.loss={self.loss!r}; valid: {', '.join(losses.CROSS_ENTROPY)}")
         xla = self.xla  # A bad jit_compile value fails here.
+        if self.lazy_phases and (self.d_steps != 1 or self.accumulation_steps != 1):
+            raise errors.ConfigError(
+                f"config.train.lazy_phases=True runs one D update per step without "
+                f"micro-batches; Received: d_steps={self.d_steps}, accumulation_steps="
+                f"{self.accumulation_steps}; valid: 1 and 1 (or lazy_phases=False)")
+        if self.pl_weight and not self.lazy_phases:
+            raise errors.ConfigError(
+                f"config.train.pl_weight={self.pl_weight} runs as its own phase; valid: "
+                f"lazy_phases=True, or pl_weight=0")
+        if generator is not None and (self.pl_weight or self.style_mixing):
+            if not stylegan2.is_style_generator(generator):
+                key = "pl_weight" if self.pl_weight else "style_mixing"
+                raise errors.ConfigError(
+                    f"config.train.{key}={getattr(self, key)} needs a style generator "
+                    f"(a mapping and a synthesis network); valid: config.model.name="
+                    f"'stylegan2', or {key}=0")
         if discriminator is not None and self.penalty_every > 1:
             if checks.has_batch_norm(discriminator):
                 raise errors.ConfigError(
@@ -133,9 +192,12 @@ class StepConfig:
     def unsupported(self, engine):
         """["config.train.<key>=<value>", ...] for the knobs that are on and that
         `engine` (one of ENGINES) cannot run, in field order."""
-        return [f"config.train.{f.name}={getattr(self, f.name)!r}"
-                for f in dataclasses.fields(self)
-                if engine not in f.metadata["engines"] and self.is_on(f.name)]
+        out = [f"config.train.{f.name}={getattr(self, f.name)!r}"
+               for f in dataclasses.fields(self)
+               if engine not in f.metadata["engines"] and self.is_on(f.name)]
+        if self.augment == ADA and engine != "replicas":  # A DiffAugment policy runs anywhere.
+            out.append(f"config.train.augment={ADA!r}")
+        return out
 
     # ---- (de)serialization for .keras files ----------------------------------------------
 

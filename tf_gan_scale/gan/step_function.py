@@ -59,6 +59,16 @@ def make_train_function(model):
     d_steps, accumulation = config.d_steps, config.accumulation_steps
     steps = int(model.steps_per_execution or 1)
     step_fn = unconverted_if_own(model, "train_step")
+    lazy = []  # (phase function, interval) of StyleGAN2's regularization phases.
+    if config.lazy_phases:
+        gan_step = model.gan_step
+        end_of_step = tf.autograph.experimental.do_not_convert(gan_step.end_of_step)
+        if config.penalty != "none" and config.penalty_weight:
+            lazy.append((tf.autograph.experimental.do_not_convert(gan_step.d_reg),
+                         int(config.penalty_every)))
+        if config.pl_weight:
+            lazy.append((tf.autograph.experimental.do_not_convert(gan_step.g_reg),
+                         int(config.pl_every)))
     # XLA compiles the per-replica step only: the iterator, the step loop and the
     # strategy's plumbing stay in the surrounding graph.
     if model.xla:
@@ -75,6 +85,23 @@ def make_train_function(model):
                 + checks.assert_accumulation_split(strategy, batches, accumulation)):
             out = strategy.run(step_fn, args=(batches if d_steps > 1 else batches[0],))
         new = strategy.experimental_local_results(out[NONFINITE])[0]
+        for phase, every in lazy:
+            # StyleGAN2's lazy phases, after the main D and G updates of step `before`.
+            # The branch is taken here, in cross-replica context, around strategy.run:
+            # a tf.cond inside the replica function cannot hold the all-reduces
+            # (MirroredStrategy's merge_call), and every worker takes the same branch.
+            with tf.control_dependencies([new]):
+                code = tf.cond(
+                    tf.equal(before % every, 0),
+                    lambda phase=phase: strategy.experimental_local_results(strategy.run(
+                        phase, args=(batches[0], before)))[0][NONFINITE],
+                    lambda: tf.constant(0, tf.int32))
+            new = tf.where(new > 0, new, code)
+        if lazy:  # Then the EMA, after every phase (GanStep.end_of_step).
+            with tf.control_dependencies([new]):
+                done = strategy.experimental_local_results(
+                    strategy.run(end_of_step, args=(before,)))[0]
+            new = tf.where(new > 0, new, done)
         fresh = tf.logical_and(code == 0, new > 0)
         return tf.where(fresh, new, code), tf.where(fresh, before, at)
 

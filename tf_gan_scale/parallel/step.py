@@ -219,7 +219,7 @@ class MeshTrainer:
 
     def g_update(self, gb, step, t, lr):
         """The G update of a step on a global batch of gb (traced by _g_fn)."""
-        grads, share = self.step_math.g_grads(self._rows(gb), gb, step)
+        grads, share, _ = self.step_math.g_grads(self._rows(gb), gb, step)
         self.g_opt.apply(grads, t, lr)
         return share
 

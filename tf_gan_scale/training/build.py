@@ -40,6 +40,31 @@ def make_optimizer(cfg, schedule=None):
         raise errors.ConfigError(f"bad optimizer config {dict(cfg)}: {e}") from None
 
 
+def lazy_adjusted(train):
+    """(G, D) optimizer configs, adjusted for StyleGAN2's lazy regularization
+    (training_loop.py, "mb_ratio"): a network whose regularizer runs as its own update
+    every I steps shares one optimizer between both phases, with learning rate x I/(I+1)
+    and betas ^ (I/(I+1)), so that I + 1 updates move it as far as I would. The config
+    states the official base values (paper256: lr 0.0025, betas (0, 0.99) -> G 0.002 /
+    0.991992 with I = 4, D 0.00235294 / 0.990585 with I = 16)."""
+    g_cfg, d_cfg = dict(train.g_optimizer), dict(train.d_optimizer)
+    if not train.get("lazy_phases", False):
+        return g_cfg, d_cfg
+    for cfg, every, on in (
+            (g_cfg, train.get("pl_every", 4), train.get("pl_weight", 0.0)),
+            (d_cfg, train.get("penalty_every", 1),
+             train.get("penalty", "none") != "none" and train.get("penalty_weight", 0.0))):
+        if not on:
+            continue
+        ratio = every / (every + 1.0)
+        if "learning_rate" in cfg:
+            cfg["learning_rate"] = cfg["learning_rate"] * ratio
+        for beta in ("beta_1", "beta_2"):
+            if beta in cfg:
+                cfg[beta] = cfg[beta] ** ratio
+    return g_cfg, d_cfg
+
+
 def model_options(config):
     """Architecture options: everything in config.model besides name, latent_dim and
     conditional (the number of classes comes from the data: `num_classes`)."""
@@ -99,14 +124,17 @@ def build_gan(config, data_shape, data_classes=0, placement=""):
     model = GAN(g, d, config.model.latent_dim, seed=config.seed,
                         sync_batch_norm="auto" if config.model.get("sync_bn", True) else False,
                         num_classes=classes, ema_decay=ema.get("decay", 0.0),
-                        ema_start=ema.get("start", 0), ema_warmup=ema.get("warmup", 0))
+                        ema_start=ema.get("start", 0), ema_warmup=ema.get("warmup", 0),
+                        ema_kimg=ema.get("kimg", 0.0), ema_rampup=ema.get("rampup", 0.0),
+                        ema_batch_size=t.global_batch_size)
     if placement:  # G and D on two devices of this process, before the optimizers exist.
         placement_lib.place(model, placement_lib.devices(placement_lib.parse(placement)))
     decay, warmup = t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0)
     mode = t.get("precision", "float32")
     # Schedules count each optimizer's own updates: D makes d_steps per G step.
-    g_opt = make_optimizer(t.g_optimizer, (decay, warmup, t.num_steps))
-    d_opt = make_optimizer(t.d_optimizer, (decay, warmup * t.d_steps, t.num_steps * t.d_steps))
+    g_cfg, d_cfg = lazy_adjusted(t)
+    g_opt = make_optimizer(g_cfg, (decay, warmup, t.num_steps))
+    d_opt = make_optimizer(d_cfg, (decay, warmup * t.d_steps, t.num_steps * t.d_steps))
     # The step's knobs are config.train keys of the same names (StepConfig).
     model.compile(g_optimizer=precision.optimizer(g_opt, mode),
                   d_optimizer=precision.optimizer(d_opt, mode),

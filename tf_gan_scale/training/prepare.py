@@ -17,6 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_gan_scale import architectures, data, errors, precision, schedules
+from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.gan import StepConfig
 from tf_gan_scale.gan import ema as ema_lib
 from tf_gan_scale.layers import normalization
@@ -112,6 +113,8 @@ def validate(config, num_replicas):
     if t.get("ema") is not None:
         ema_lib.check(t.ema.decay, t.ema.start, t.ema.warmup, t.num_steps,
                       prefix="config.train.ema.")
+        ema_lib.check_kimg(t.ema.get("kimg", 0.0), t.ema.get("rampup", 0.0),
+                           t.global_batch_size, prefix="config.train.ema.")
     schedules.check(t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0), t.num_steps)
     _check_eval(config.get("eval"))
     for key in ("num_steps", "log_every"):
@@ -126,6 +129,8 @@ def validate(config, num_replicas):
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
     precision.check(t.get("precision", "float32"))
+    if config.model.name == "stylegan2":  # Minibatch-std chunks must not straddle replicas.
+        stylegan2.check_batch(config.model, t.global_batch_size // num_replicas)
     if build.placement_of(config):
         placement.check(build.placement_of(config), num_replicas,
                         StepConfig.from_train(t).xla)
