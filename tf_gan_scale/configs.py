@@ -103,7 +103,8 @@ def base():
     c.eval.extractor = ""             # inception_v3 | fid_inception:PATH.pb | PATH.keras
     c.eval.extractor_weights = ""     # inception_v3 weights file (else the Keras cache).
     c.eval.metrics = "fid"            # Comma-separated: fid, kid, is, pr, classes.
-    c.eval.num_samples = 10000        # Generated and real examples (real: the first N).
+    c.eval.num_samples = 10000        # Generated examples (fake i from latents (seed, i)).
+    c.eval.num_real = 0               # Real ones (the first N): 0 as many, -1 all ("full").
     c.eval.batch_size = 256           # Global evaluation batch.
     c.eval.seed = 0                   # Fake example i comes from latents (seed, i).
     c.eval.cache_dir = ""             # Reference statistics; "" = ~/.cache/tf_gan_scale.
@@ -177,4 +178,5 @@ def stylegan2(preset):
     t.ema.kimg, t.ema.rampup = ema, ramp
     t.augment = "ada"
     c.eval.num_samples = 50_000  # fid50k_full: 50k fakes against every real image.
+    c.eval.num_real = -1
     return c

@@ -49,11 +49,12 @@ AUGMENT_PHASE = 30_000  # DiffAugment of D update k: + k; of the G update: + G_P
 # sub-stream = the conv layer's index (layers/stylegan.py, architectures/stylegan2.py).
 STYLE_NOISE_PHASE = 40_000
 # StyleGAN2 (gan/step.py). Offsets of 100,000 so that none of them plus a phase above
-# (up to LABEL_PHASE + G_PHASE, AUGMENT_PHASE + G_PHASE) meets another.
+# (up to LABEL_PHASE + G_PHASE, AUGMENT_PHASE + G_PHASE), nor MIX(_LATENT)_PHASE +
+# PL_PHASE (400,000, 500,000), meets another.
 MIX_PHASE = 100_000  # Style-mixing cut-off of the pass of phase p: + p, row = its chunk.
 MIX_LATENT_PHASE = 200_000  # The second latent of style mixing: + p, row = the row.
 PL_PHASE = 300_000  # Path-length pass: its latents (its noise image: PL_PHASE + 1).
-DREG_PHASE = 400_000  # The lazy R1 pass (its augmentation: AUGMENT_PHASE + DREG_PHASE).
+DREG_PHASE = 700_000  # The lazy R1 pass (its augmentation: AUGMENT_PHASE + DREG_PHASE).
 
 
 def _i64(hex_constant):

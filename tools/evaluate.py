@@ -9,8 +9,9 @@
 --extractor: inception_v3 (weights from the Keras cache or --extractor_weights=PATH),
 fid_inception:PATH.pb (the frozen graph of the original FID code: numbers comparable with
 papers) or PATH.keras (e.g. from tools/train_classifier.py). Real data: the first
---num_samples examples of the run's data source (or of --reference=SOURCE, any data source
-spec); their statistics are cached in --cache_dir (default
+--num_real examples (default: as many as --num_samples; -1: all of them, StyleGAN's
+"full") of the run's data source (or of --reference=SOURCE, any data source spec); a
+request for more than the source holds is one error line; their statistics are cached in --cache_dir (default
 ~/.cache/tf_gan_scale/reference). Fake example i comes from latents (seed, i), so one
 device, N replicas and N workers score the same examples. --samples=FILE.npy scores an
 array of images in [-1, 1] instead (from any framework; --workdir is then optional).
@@ -19,7 +20,7 @@ conditional one with a uniform class label per fake, keyed by (seed, i). `classe
 balance: "class_tv", the total variation between the fakes' predicted-class histogram and
 the real labels', and "class_histogram") needs a classifier of the data's classes.
 Images are quantized to uint8 levels before extraction. Prints one JSON line: {"step",
-"checkpoint", "extractor", "num_samples", "fid", "kid", "kid_std", "is", "is_std",
+"checkpoint", "extractor", "num_samples" (generated), "num_real", "fid", "kid", "kid_std", "is", "is_std",
 "precision", "recall", "class_tv", "class_histogram"} (the requested ones) and the same
 scores, with their extractor, on one line of stderr.
 """
@@ -46,7 +47,9 @@ flags.DEFINE_string("extractor", None, "inception_v3 | fid_inception:PATH.pb | P
 flags.DEFINE_string("extractor_weights", None, "inception_v3 weights file.")
 flags.DEFINE_string("metrics", "fid", "Comma-separated: fid, kid, is, pr, classes "
                     "(class balance: needs a classifier of the data's classes).")
-flags.DEFINE_integer("num_samples", 10000, "Generated and real examples.")
+flags.DEFINE_integer("num_samples", 10000, "Generated examples.")
+flags.DEFINE_integer("num_real", 0, "Real examples: 0 as many as --num_samples, -1 every one "
+                     "(StyleGAN's fid50k_full: --num_samples=50000 --num_real=-1).")
 flags.DEFINE_integer("seed", 0, "Latent seed: fake example i comes from (seed, i).")
 flags.DEFINE_integer("batch_size", 256, "Global evaluation batch.")
 flags.DEFINE_string("cache_dir", "", "Reference statistics cache directory.")
@@ -99,7 +102,7 @@ def main(argv):
         allow_rank_deficient=FLAGS.allow_rank_deficient,
         cache_dir=training.cache_dir(FLAGS.cache_dir),
         write_cache=distribute.is_chief(strategy),
-        num_classes=getattr(generator, "num_classes", 0))
+        num_classes=getattr(generator, "num_classes", 0), num_real=FLAGS.num_real)
     print(f"step {step}: {scoring.format_scores(scores)}", file=sys.stderr)
     print(json.dumps({"step": step, "checkpoint": path, **scores}))
     sys.stdout.flush()

@@ -10,7 +10,8 @@ Same seed => same latents (tf_gan_scale.latents.fixed) => same samples.
 A run trained with an EMA generator (config.train.ema.decay > 0) is sampled from its EMA
 weights (--noema: the raw generator). A conditional model samples class --class_id, or
 without it one class per grid row (row k: class k). --truncation=t draws latents from a
-normal truncated to [-t, t] (the truncation trick: fidelity for variety).
+normal truncated to [-t, t] (the truncation trick: fidelity for variety); for a StyleGAN2
+run it is psi in (0, 1], w = w_avg + psi (w - w_avg) (StyleGAN's trick).
 """
 
 import json
@@ -29,7 +30,8 @@ flags.DEFINE_integer("seed", 0, "Latent seed.")
 flags.DEFINE_string("output", None, "Output file: .npy or .png.")
 flags.DEFINE_integer("class_id", None, "Class of every sample (conditional models); "
                      "unset: one class per grid row.")
-flags.DEFINE_float("truncation", None, "Truncate latents to [-t, t] (t > 0).")
+flags.DEFINE_float("truncation", None, "Truncate latents to [-t, t] (t > 0); StyleGAN2: "
+                   "psi in (0, 1] in w space.")
 flags.DEFINE_bool("ema", True, "Sample the EMA generator when the run has one.")
 FLAGS = flags.FLAGS
 

@@ -159,6 +159,7 @@ def test_path_length_gradient_is_the_official_non_detached_one(one_device):
     del gan_step._phase_update
 
 
+@pytest.mark.slow  # Two more models traced (~50 CPU-s).
 def test_resume_is_exact(trained, one_device, tmp_path):
     """2 steps, a checkpoint, a fresh model restored from it, 2 more steps: every
     variable (G, D, the EMA, both optimizers, p and its statistic, pl_mean, w_avg,
@@ -185,6 +186,10 @@ def test_lazy_adjustment_equals_the_official_values():
     assert g["beta_2"] == pytest.approx(0.991992, abs=5e-7) and g["beta_1"] == 0.0
     assert d["learning_rate"] == pytest.approx(0.0023529, abs=5e-8)
     assert d["beta_2"] == pytest.approx(0.990585, abs=5e-7)
+    # cifar: no path length, yet G's optimizer is adjusted (G_reg_interval 4), as official.
+    g, d = build.lazy_adjusted(configs.stylegan2("cifar").train)
+    assert g["learning_rate"] == pytest.approx(0.002) and d["learning_rate"] == pytest.approx(
+        0.0025 * 16 / 17)
     plain = configs.base().train
     assert build.lazy_adjusted(plain) == (dict(plain.g_optimizer), dict(plain.d_optimizer))
 
@@ -204,6 +209,7 @@ def test_ema_half_life_in_images():
     ({"ada_target": 1.5, "augment": "ada"}, ["ada_target", "1.5", "(0, 1)"]),
     ({"pl_weight": 2.0}, ["pl_weight", "lazy_phases=True"]),
     ({"lazy_phases": True, "d_steps": 2}, ["lazy_phases", "d_steps=2"]),
+    ({"lazy_phases": True, "penalty": "wgan_gp"}, ["lazy_phases", "wgan_gp", "r1"]),
     ({"style_mixing": 1.5}, ["style_mixing", "[0, 1]"]),
     ({"ada_interval": -1}, ["ada_interval", ">= 0"]),
 ])
@@ -239,11 +245,18 @@ def test_unknown_preset_and_batch_chunks():
     training.validate(config, num_replicas=8)  # 8 rows per replica: whole chunks.
 
 
-def test_bad_preset_value_through_the_binary(tmp_path):
+@pytest.mark.parametrize("args, words", [
+    (["--config=experiments/stylegan2_mnist.py", "--config.train.ada_target=1.5"],
+     ["config.train.ada_target", "(0, 1)"]),
+    (["--config=experiments/stylegan2_mnist.py", "--config.model.mbstd_chunk=6"],
+     ["6", "16"]),
+    (["--config=experiments/digits.py", "--config.train.style_mixing=0.9"],
+     ["style_mixing", "stylegan2"]),
+])
+def test_bad_input_through_the_binary_is_one_line(tmp_path, args, words):
     workdir = tmp_path / "run"
-    proc = run_in_process(["-m", "tf_gan_scale.main", "--config=experiments/stylegan2_mnist.py",
-                           f"--workdir={workdir}", "--config.train.ada_target=1.5"])
+    proc = run_in_process(["-m", "tf_gan_scale.main", *args, f"--workdir={workdir}"])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "config.train.ada_target" in lines[0], proc.stderr
+    assert len(lines) == 1 and all(w in lines[0] for w in words), proc.stderr
     assert not workdir.exists()

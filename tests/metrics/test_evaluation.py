@@ -294,3 +294,23 @@ def test_each_worker_builds_only_its_rows_of_an_evaluation_pass(workers, replica
     np.testing.assert_array_equal(np.sort(got[got >= 0]), np.arange(n))
     for w in range(workers):
         assert len(rows[w]) == len(got) // workers
+
+
+def test_full_reference_scores_against_every_real_example(one_device):
+    """StyleGAN's fid50k_full convention: num_real=-1 takes the statistics of every real
+    example (1,797 digits) whatever the number of fakes, and says so; more real examples
+    than the source holds is one line, never silently fewer."""
+    g, extractor = setup(one_device)
+    source = data.load("embedded:digits")
+    full = scoring.evaluate(g, LATENT, source, extractor, one_device, num_samples=N, seed=3,
+                            metrics=("fid",), batch_size=16, num_real=-1)
+    assert full["num_samples"] == N and full["num_real"] == source.num_examples == 1797
+    fake = extractor(scoring.quantize(g(latents.fixed(3, N, LATENT), training=False)))
+    real = extractor(scoring.quantize(tf.constant(data.sources.to_float(source.arrays["x"]))))
+    np.testing.assert_allclose(full["fid"], metrics.fid_from_features(
+        real["features"].numpy(), fake["features"].numpy()), rtol=1e-5)
+    assert "1797 real" in scoring.format_scores(full)
+    with pytest.raises(errors.ConfigError) as e:
+        scoring.evaluate(g, LATENT, source, extractor, one_device, num_samples=N,
+                         metrics=("fid",), num_real=5000)
+    assert "num_real=5000" in str(e.value) and "1797" in str(e.value)

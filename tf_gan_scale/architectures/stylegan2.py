@@ -268,6 +268,18 @@ def parts(generator):
     return generator.get_layer("mapping"), generator.get_layer("synthesis")
 
 
+def sample(generator, z, labels=None, psi=1.0, cutoff=None):
+    """Images [B, R, R, C] float32 of a StyleGAN2 generator in inference mode (constant
+    noise) for z [B, latent_dim] (and labels int32 [B] when conditional), with the
+    truncation trick w_avg + psi (w - w_avg) on the first `cutoff` layers (all: None)."""
+    mapping, synthesis = parts(generator)
+    w = mapping([z, tf.cast(labels, tf.int32)] if labels is not None else z, training=False)
+    ws = tf.tile(w[:, None, :], [1, synthesis.num_ws, 1])
+    if psi != 1.0:
+        ws = truncate(ws, tf.convert_to_tensor(mapping.w_avg), float(psi), cutoff)
+    return tf.cast(synthesis(ws, training=False), tf.float32)
+
+
 def is_style_generator(model):
     """Whether `model` is a StyleGAN2 generator (has the mapping and synthesis layers)."""
     names = {layer.name: layer for layer in getattr(model, "layers", [])}

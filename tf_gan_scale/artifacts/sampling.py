@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_gan_scale import errors, images, latents, training
+from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.architectures.calls import generate
 
 
@@ -14,14 +15,15 @@ def load_generator(workdir, checkpoint=None, ema=True):
     """(generator, latent_dim, step, checkpoint path) from the latest checkpoint in workdir
     (or from `checkpoint`, a path such as WORKDIR/checkpoints/best/ckpt-500).
 
-    With ema=True (the default) a run trained with an EMA (config.train.ema.decay > 0)
-    gives its EMA generator, the one to sample and score; ema=False the raw one.
+    With ema=True (the default) a run trained with an EMA (config.train.ema.decay > 0, or
+    StyleGAN's config.train.ema.kimg > 0) gives its EMA generator, the one to sample and score; ema=False the raw one.
     The generator's `num_classes` attribute is the number of classes it is conditioned
     on (0: unconditional)."""
     config, data_shape, classes = training.load_run(workdir)
     generator, _ = training.build_networks(config, data_shape, classes)
     generator.num_classes = classes
-    use_ema = ema and (config.train.get("ema") or {}).get("decay", 0.0) > 0
+    settings = config.train.get("ema") or {}
+    use_ema = ema and (settings.get("decay", 0.0) > 0 or settings.get("kimg", 0.0) > 0)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     ckpt = (tf.train.Checkpoint(ema_generator=generator) if use_ema
             else tf.train.Checkpoint(generator=generator))
@@ -54,12 +56,25 @@ def from_workdir(workdir, num_samples, seed, batch_size=256, *, class_id=None,
                  truncation=None, ema=True):
     """(samples [N, *data_shape] float32, step, checkpoint path, grid columns or None).
 
-    Sample i comes from latents (seed, i) (truncated to [-t, t] with `truncation` = t) and,
-    conditional, class `class_id` or a class per grid row."""
+    Sample i comes from latents (seed, i) and, conditional, class `class_id` or a class
+    per grid row. `truncation` = t: z truncated to [-t, t] (BigGAN's trick); for a style
+    generator (stylegan2) the truncation psi in w space instead, w_avg + psi (w - w_avg)
+    on every layer (StyleGAN's trick; 1 = none), with t in (0, 1]."""
     if truncation is not None and not truncation > 0:
         raise errors.ConfigError(f"--truncation must be > 0; Received: {truncation}")
     generator, latent_dim, step, path = load_generator(workdir, ema=ema)
     labels, cols = labels_for(generator, num_samples, class_id)
+    if stylegan2.is_style_generator(generator):
+        if truncation is not None and truncation > 1:
+            raise errors.ConfigError(f"--truncation={truncation} is StyleGAN's psi for this "
+                                     f"model; valid: 0 < psi <= 1 (1: no truncation)")
+        z = latents.fixed(seed, num_samples, latent_dim)
+        samples = np.concatenate([
+            stylegan2.sample(generator, z[i:i + batch_size],
+                             None if labels is None else labels[i:i + batch_size],
+                             psi=1.0 if truncation is None else truncation).numpy()
+            for i in range(0, num_samples, batch_size)])
+        return samples, step, path, cols
     z = latents.fixed(seed, num_samples, latent_dim, truncation)
     samples = generate(generator, z, batch_size, labels).numpy()
     return samples, step, path, cols

@@ -19,6 +19,7 @@ one device) use the default, `REPLICAS`; `parallel.placement` puts G and D on tw
 """
 
 import contextlib
+import warnings
 
 import keras
 import tensorflow as tf
@@ -443,8 +444,13 @@ class GanStep:
         updates' `iterations` stays the step counter (data position, latents,
         checkpoints). So Adam's bias correction counts main updates only (the official
         counts every update: a difference in the first few hundred steps)."""
-        out = replica.apply_global_gradients(optimizer, grads, variables, riders,
-                                             self.config.grad_pack_bytes)
+        with warnings.catch_warnings():
+            # Some variables have no gradient in a phase (R1 does not reach D's output
+            # bias, path length no toRGB bias): skipped, as the official optimizer does,
+            # and Keras' warning about it at every trace is noise.
+            warnings.filterwarnings("ignore", message="Gradients do not exist")
+            out = replica.apply_global_gradients(optimizer, grads, variables, riders,
+                                                 self.config.grad_pack_bytes)
         optimizer.iterations.assign_sub(1)
         return out
 

@@ -148,6 +148,11 @@ class StepConfig:
                 f"config.train.lazy_phases=True runs one D update per step without "
                 f"micro-batches; Received: d_steps={self.d_steps}, accumulation_steps="
                 f"{self.accumulation_steps}; valid: 1 and 1 (or lazy_phases=False)")
+        if self.lazy_phases and saved_name(self.penalty, penalties.PENALTIES) not in (
+                "r1", "none"):
+            raise errors.ConfigError(
+                f"config.train.lazy_phases=True runs R1 as its own phase; Received: "
+                f"config.train.penalty={self.penalty!r}; valid: r1, none")
         if self.pl_weight and not self.lazy_phases:
             raise errors.ConfigError(
                 f"config.train.pl_weight={self.pl_weight} runs as its own phase; valid: "

@@ -91,12 +91,12 @@ def make_train_function(model):
             # a tf.cond inside the replica function cannot hold the all-reduces
             # (MirroredStrategy's merge_call), and every worker takes the same branch.
             with tf.control_dependencies([new]):
-                code = tf.cond(
+                phase_code = tf.cond(
                     tf.equal(before % every, 0),
                     lambda phase=phase: strategy.experimental_local_results(strategy.run(
                         phase, args=(batches[0], before)))[0][NONFINITE],
                     lambda: tf.constant(0, tf.int32))
-            new = tf.where(new > 0, new, code)
+            new = tf.where(new > 0, new, phase_code)
         if lazy:  # Then the EMA, after every phase (GanStep.end_of_step).
             with tf.control_dependencies([new]):
                 done = strategy.experimental_local_results(

@@ -355,11 +355,28 @@ def check_samples(samples, source, tolerance=0.01):
     return samples.astype(np.float32)
 
 
+def real_count(num_real, num_samples, source, key="num_real"):
+    """How many real examples a score uses: num_real > 0 itself, 0 as many as the fakes
+    (num_samples), -1 every example of `source` (StyleGAN's "full": fid50k_full scores
+    50k fakes against the whole dataset). More than the source holds is one ConfigError
+    line: a score never silently uses fewer."""
+    if not errors.is_int(num_real) or num_real < -1:
+        raise errors.ConfigError(f"{key} must be -1 (every real example), 0 (as many as the "
+                                 f"generated ones) or a count; Received: {num_real!r}")
+    n = {0: num_samples, -1: source.num_examples}.get(int(num_real), int(num_real))
+    if n > source.num_examples:
+        raise errors.ConfigError(
+            f"{key}={num_real} asks for {n} real examples but {source.name} has "
+            f"{source.num_examples}; valid: -1 (all of them), or at most {source.num_examples}")
+    return n
+
+
 def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples, seed=0,
              metrics=("fid",), batch_size=256, reference_stats=None, cache_dir=None,
-             write_cache=True, samples=None, allow_rank_deficient=False, num_classes=0):
-    """Scores `num_samples` generated examples (or the given `samples`) against as many
-    real ones: the first `num_samples` of `source`.
+             write_cache=True, samples=None, allow_rank_deficient=False, num_classes=0,
+             num_real=0):
+    """Scores `num_samples` generated examples (or the given `samples`) against the first
+    `real_count(num_real, num_samples)` real ones of `source` (default: as many).
 
     Args:
         generator: Keras model [B, latent_dim] -> [B, *shape] (or [z, labels] -> images
@@ -370,9 +387,10 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
         allow_rank_deficient: FID with fewer samples than feature dimensions (singular
             covariances, a biased and unstable number) is refused unless True.
     Returns:
-        {"extractor": name, "num_samples": N, "fid", "kid", "kid_std", "is", "is_std",
-        "precision", "recall": floats} for the requested metrics (KID over subsets of
-        min(1000, N), IS over min(10, N) splits, PR with k = 3).
+        {"extractor": name, "num_samples": N generated, "num_real": real examples, "fid",
+        "kid", "kid_std", "is", "is_std", "precision", "recall": floats} for the requested
+        metrics (KID over subsets of min(1000, N, num_real), IS over min(10, N) splits,
+        PR with k = 3).
     Every replica (and worker) must call this together: it runs collectives.
     """
     metrics = check_metrics(metrics, extractor)
@@ -384,11 +402,13 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
             f"the generator makes examples of shape {tuple(generator.output_shape[1:])} but "
             f"the reference data {source.name} has {tuple(source.shape)}")
     check_counts(metrics, extractor, num_samples, allow_rank_deficient)
+    n_real = real_count(num_real, num_samples, source)
+    check_counts(metrics, extractor, n_real, allow_rank_deficient)
     if "classes" in metrics:
-        real_labels = _real_labels(source, num_samples, extractor)
+        real_labels = _real_labels(source, n_real, extractor)
     keep = any(m in metrics for m in ("kid", "pr", "is", "classes"))
     keep_real = any(m in metrics for m in ("kid", "pr"))
-    ref = reference_stats or reference(source, extractor, strategy, num_samples=num_samples,
+    ref = reference_stats or reference(source, extractor, strategy, num_samples=n_real,
                                        batch_size=batch_size, keep=keep_real,
                                        cache_dir=cache_dir, write_cache=write_cache)
     if samples is None:
@@ -401,12 +421,13 @@ def evaluate(generator, latent_dim, source, extractor, strategy, *, num_samples,
             {"x": samples, "row": np.arange(num_samples, dtype=np.int32)})
         stats, fake = _stream(strategy, _padded(ds, _global_batch(strategy, batch_size)),
                               lambda b: b["x"], extractor, keep, memo=("samples",))
-    out = {"extractor": extractor.name, "num_samples": int(num_samples)}
+    out = {"extractor": extractor.name, "num_samples": int(num_samples),
+           "num_real": int(ref["num_samples"])}
     if "fid" in metrics:
         mu, sigma = stats.result()
         out["fid"] = metrics_lib.frechet_distance(mu, sigma, ref["mu"], ref["sigma"])
     if "kid" in metrics:
-        size = min(1000, num_samples)
+        size = min(1000, num_samples, int(ref["num_samples"]))
         k = metrics_lib.kid(ref["features"], fake["features"], subset_size=size, seed=seed)
         out["kid"], out["kid_std"] = float(k.mean), float(k.std)
     if "is" in metrics:
@@ -473,8 +494,10 @@ def format_scores(scores):
             std = scores.get(f"{key}_std")
             parts.append(f"{key} {scores[key]:.4g}" + (f" ± {std:.2g}" if std is not None
                                                         else ""))
+    real = (f", {scores['num_real']} real" if scores.get("num_real") is not None
+            and scores.get("num_real") != scores["num_samples"] else "")
     return (", ".join(parts) + f" [extractor {scores['extractor']}, "
-            f"{scores['num_samples']} samples]")
+            f"{scores['num_samples']} samples{real}]")
 
 
 class FidStreams:

@@ -50,8 +50,10 @@ def lazy_adjusted(train):
     g_cfg, d_cfg = dict(train.g_optimizer), dict(train.d_optimizer)
     if not train.get("lazy_phases", False):
         return g_cfg, d_cfg
+    # G's optimizer is adjusted whenever the phases are on, also without path length
+    # (the official cifar preset keeps G_reg_interval = 4 with pl_weight = 0).
     for cfg, every, on in (
-            (g_cfg, train.get("pl_every", 4), train.get("pl_weight", 0.0)),
+            (g_cfg, train.get("pl_every", 4), True),
             (d_cfg, train.get("penalty_every", 1),
              train.get("penalty", "none") != "none" and train.get("penalty_weight", 0.0))):
         if not on:

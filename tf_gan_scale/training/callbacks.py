@@ -283,10 +283,16 @@ class Summaries(Every):
                 tf.summary.scalar(f"{name}_learning_rate", float(np.asarray(lr)), step=step)
             tf.summary.scalar("steps_per_sec", rate, step=step)
             tf.summary.scalar("images_per_sec", rate * self.global_batch_size, step=step)
+            # StyleGAN2-ADA's state (global, the same on every replica).
+            for name in ("ada_p", "pl_mean"):
+                if getattr(self.model, name, None) is not None:
+                    tf.summary.scalar(name, float(getattr(self.model, name).numpy()), step=step)
         self.writer.flush()
         # Global numbers: losses are means over all replicas and workers, throughput is
-        # of the whole job (global batch), the step is the generator step.
-        logging.info("step %d: %s; %.2f steps/s, %.1f images/s (global)", step,
+        # of the whole job (global batch), the step is the generator step; kimg (real
+        # images shown to D, in thousands) as StyleGAN users count progress.
+        logging.info("step %d (%.1f kimg): %s; %.2f steps/s, %.1f images/s (global)", step,
+                     step * self.global_batch_size / 1000.0,
                      ", ".join(f"{k}={float(np.asarray(v)):.4f}" for k, v in (logs or {}).items()),
                      rate, rate * self.global_batch_size)
 

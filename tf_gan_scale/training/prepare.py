@@ -131,6 +131,11 @@ def validate(config, num_replicas):
     precision.check(t.get("precision", "float32"))
     if config.model.name == "stylegan2":  # Minibatch-std chunks must not straddle replicas.
         stylegan2.check_batch(config.model, t.global_batch_size // num_replicas)
+    for key in ("style_mixing", "pl_weight"):  # Before anything is built or written.
+        if t.get(key, 0.0) and config.model.name != "stylegan2":
+            raise errors.ConfigError(
+                f"config.train.{key}={t[key]} needs a style generator; Received: "
+                f"config.model.name={config.model.name!r}; valid: 'stylegan2', or {key}=0")
     if build.placement_of(config):
         placement.check(build.placement_of(config), num_replicas,
                         StepConfig.from_train(t).xla)
@@ -149,9 +154,7 @@ def make_scorer(config, model, source, strategy, *, chief=True):
     the extractor now (inside the strategy scope) so a bad one fails before training."""
     e = config.eval
     names = scoring.check_metrics(e.metrics)
-    if e.num_samples > source.num_examples:
-        raise errors.ConfigError(f"config.eval.num_samples={e.num_samples} is more than the "
-                                 f"{source.num_examples} examples of {source.name}")
+    scoring.real_count(e.get("num_real", 0), e.num_samples, source, "config.eval.num_real")
     with strategy.scope():
         extractor = extractors.get(e.extractor, source.shape,
                                    weights=e.extractor_weights or None)
@@ -163,7 +166,8 @@ def make_scorer(config, model, source, strategy, *, chief=True):
             model.sampler, model.latent_dim, source, extractor, strategy,
             num_samples=e.num_samples, seed=e.seed, metrics=names, batch_size=e.batch_size,
             cache_dir=workdir.cache_dir(e.cache_dir), write_cache=chief,
-            allow_rank_deficient=e.allow_rank_deficient, num_classes=model.num_classes)
+            allow_rank_deficient=e.allow_rank_deficient, num_classes=model.num_classes,
+            num_real=e.get("num_real", 0))
 
     return score
 
