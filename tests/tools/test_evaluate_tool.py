@@ -142,7 +142,7 @@ def bad_cases(workdir, extractor, tmp_path):
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--metrics=fid,fdi"],
          "unknown metric 'fdi'"),
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--num_samples=100000"],
-         "more than the 1797 examples"),
+         "asks for 100000 real examples but embedded:digits has 1797"),
         ([f"--workdir={tmp_path}", f"--extractor={extractor}"], "no training run"),
         ([f"--workdir={workdir}", f"--extractor={tmp_path / 'none.keras'}"], "none.keras"),
         ([f"--workdir={workdir}", f"--extractor={extractor}", "--metrics=pr",
