@@ -291,10 +291,10 @@ class Summaries(Every):
         # Global numbers: losses are means over all replicas and workers, throughput is
         # of the whole job (global batch), the step is the generator step; kimg (real
         # images shown to D, in thousands) as StyleGAN users count progress.
-        logging.info("step %d (%.1f kimg): %s; %.2f steps/s, %.1f images/s (global)", step,
-                     step * self.global_batch_size / 1000.0,
+        logging.info("step %d: %s; %.1f kimg, %.2f steps/s, %.1f images/s (global)", step,
                      ", ".join(f"{k}={float(np.asarray(v)):.4f}" for k, v in (logs or {}).items()),
-                     rate, rate * self.global_batch_size)
+                     step * self.global_batch_size / 1000.0, rate,
+                     rate * self.global_batch_size)
 
     def on_train_end(self, logs=None):
         self.writer.flush()
