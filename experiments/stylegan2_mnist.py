@@ -10,7 +10,7 @@ Every part of the `paper256` preset (mapping and synthesis networks, modulated c
 noise inputs, residual D with minibatch std, lazy R1 and path length as their own phases,
 style mixing, ADA, the kimg EMA), scaled down to run here: 64 channels everywhere, w and z of
 128, a 2-layer mapping, batch 32 in chunks of 8 (minibatch-std groups of 4), R1 gamma 0.1,
-EMA half-life 2 kimg ramped up at 0.05. Not an official preset. The docs (docs/stylegan2.md)
+EMA half-life 2 kimg ramped up at 0.05, float32 throughout. Not an official preset. The docs (docs/stylegan2.md)
 hold its measured cost and samples.
 """
 
@@ -26,6 +26,8 @@ def get_config():
     c.model.channel_max = 64
     c.model.mbstd_group = 4
     c.model.mbstd_chunk = 8
+    c.model.num_fp16_res, c.model.conv_clamp = 0, 0.0  # float32 (the official --fp32):
+    # this CPU emulates float16 (slowly); it is a GPU preset's option.
     t = c.train
     t.global_batch_size = 32
     t.num_steps = 4000

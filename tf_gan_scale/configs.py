@@ -73,6 +73,7 @@ def base():
     c.train.pl_batch_shrink = 2
     c.train.pl_decay = 0.01
     c.train.style_mixing = 0.0        # Style-mixing probability (StyleGAN2: 0.9).
+    c.train.grad_nan_to_num = False   # NaN/inf gradients -> 0/+-1e5 (StyleGAN2-ADA).
     c.train.label_smoothing = 0.0     # One-sided: D's real target 1 - s.
     c.train.instance_noise = 0.0      # Std of noise on D's inputs, annealed linearly
     c.train.instance_noise_steps = 0  # to 0 over this many steps (0: constant).
@@ -145,7 +146,8 @@ def stylegan2(preset):
     D (lazy_phases adjusts them by I/(I+1): training/build.py), R1 gamma (penalty_weight =
     gamma / 2, every 16 steps), path length (weight 2, every 4 steps), style mixing, the
     EMA half-life in kimg and its ramp-up, the mapping depth, D's architecture, ADA
-    (target 0.6, 500 kimg, interval 4). ConfigError for an unknown preset."""
+    (target 0.6, 500 kimg, interval 4), float16 in the top 4 resolutions with conv clamp
+    256 and gradient cleaning. ConfigError for an unknown preset."""
     row = errors.choose("stylegan2 preset", preset, STYLEGAN2_PRESETS)
     (res, batch, chunk, mbstd, fmaps, lr, gamma, ema, ramp, layers, mixing, pl,
      d_arch) = row
@@ -163,7 +165,11 @@ def stylegan2(preset):
     c.model.mbstd_group = mbstd
     c.model.mbstd_chunk = chunk
     c.model.d_architecture = d_arch
-    c.model.conv_clamp = None
+    # Mixed precision the StyleGAN2-ADA way (its default; --fp32 is the escape, here
+    # num_fp16_res = 0 and conv_clamp = 0): the top 4 resolutions in float16, every
+    # conv clamped to +-256, no loss scaling, non-finite gradients cleaned.
+    c.model.num_fp16_res = 4
+    c.model.conv_clamp = 256.0
     t = c.train
     t.global_batch_size = batch
     t.num_steps = 25_000_000 // batch  # The official 25,000 kimg.
@@ -175,6 +181,7 @@ def stylegan2(preset):
     t.lazy_phases = True
     t.pl_weight, t.pl_every = pl, 4
     t.style_mixing = mixing
+    t.grad_nan_to_num = True  # training_loop.py: misc.nan_to_num on every gradient.
     t.ema.kimg, t.ema.rampup = ema, ramp
     t.augment = "ada"
     c.eval.num_samples = 50_000  # fid50k_full: 50k fakes against every real image.

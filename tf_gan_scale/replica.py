@@ -109,7 +109,8 @@ def global_rows_uneven(per_replica_batch):
 
 
 @tf.autograph.experimental.do_not_convert  # Plain Python around the ops; keep it so.
-def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0):
+def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0,
+                           nan_to_num=False):
     """The gradient all-reduce of a step, for one network: ONE fused SUM of all its
     gradients (and of a few scalars riding along) across replicas and workers, then
     `optimizer.apply` on the global sums.
@@ -136,6 +137,11 @@ def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0)
             in list order, so the first packs can travel while earlier layers' gradients
             are still being computed. Still one logical reduction before the optimizer,
             its clipping and the finite check.
+        nan_to_num: replace non-finite GLOBAL gradients (NaN -> 0, +-inf -> +-1e5) before
+            the update, as StyleGAN2-ADA's training loop does (misc.nan_to_num after the
+            all-reduce; its float16 blocks run without loss scaling). Identical on every
+            replica, as it acts on the sums. Not with a LossScaleOptimizer (it would hide
+            the overflows its scale is steered by: refused by `training.prepare`).
     Returns:
         (summed riders: list of float32 scalars, finite, norm, skipped), identical on
         every replica: `norm` is the global L2 norm of the (summed, unscaled) gradients,
@@ -168,6 +174,11 @@ def apply_global_gradients(optimizer, grads, variables, riders=(), pack_bytes=0)
             grads[i] = g
         extra = reduced[len(live):]
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if nan_to_num:
+        grads = list(grads)
+        for i in live:
+            g = tf.where(tf.math.is_nan(grads[i]), tf.zeros_like(grads[i]), grads[i])
+            grads[i] = tf.where(tf.math.is_inf(g), tf.sign(g) * tf.constant(1e5, g.dtype), g)
     # Global values, so every replica (and worker) reaches the same verdict.
 
     def all_finite(values):

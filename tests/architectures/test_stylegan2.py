@@ -299,3 +299,51 @@ def test_two_replicas_equal_one_device(mirrored2):
     synthesis.calls.assign(0)
     one = step(z).numpy()
     np.testing.assert_allclose(replicas, one, atol=1e-5)
+
+
+# ---- mixed precision the StyleGAN2-ADA way -----------------------------------------------
+
+def test_float16_resolutions_are_the_official_ones():
+    # notes section 5: 256 -> blocks 32..256, 1024 -> 128..1024, 32 -> 8..32.
+    assert [stylegan2.fp16_resolution(r, 4) for r in (256, 1024, 32)] == [32, 128, 8]
+    assert stylegan2.fp16_resolution(256, 0) is None
+    keras.utils.set_random_seed(1)
+    g, d = stylegan2.build(**SMALL, num_fp16_res=2, conv_clamp=256.0)
+    _, synthesis = stylegan2.parts(g)
+    half = {layer.name for layer in synthesis.convs + synthesis.torgbs
+            if layer.compute_dtype == "float16"}
+    assert half == {"b16_conv0", "b16_conv1", "b16_torgb", "b32_conv0", "b32_conv1",
+                    "b32_torgb"}
+    d_half = {layer.name for layer in d.layers if layer.compute_dtype == "float16"}
+    assert d_half == {"b32_fromrgb", "b32_skip", "b32_conv0", "b32_conv1", "b32_add",
+                      "b16_skip", "b16_conv0", "b16_conv1", "b16_add"}
+    # Variables stay float32 everywhere: checkpoints move between the two forms.
+    assert {v.dtype for v in g.weights + d.weights} <= {"float32", "int64"}
+    assert g(z_of(2)).dtype == tf.float32 and d(g(z_of(4))).dtype == tf.float32
+    with pytest.raises(errors.ConfigError, match="num_fp16_res must be an integer >= 0"):
+        stylegan2.build(**SMALL, num_fp16_res=-1)
+
+
+def test_float16_model_matches_float32_and_its_gradients_are_finite():
+    """The same weights in both forms: images and logits agree to float16 rounding, and
+    R1's second-order gradient through the float16 blocks is finite."""
+    keras.utils.set_random_seed(1)
+    g32, d32 = stylegan2.build(**SMALL, conv_clamp=256.0)
+    keras.utils.set_random_seed(1)
+    g16, d16 = stylegan2.build(**SMALL, conv_clamp=256.0, num_fp16_res=2)
+    for a, b in ((g32, g16), (d32, d16)):
+        b.set_weights(a.get_weights())
+    z = z_of(4)
+    x32, x16 = g32(z).numpy(), g16(z).numpy()
+    scale = np.abs(x32).max()
+    assert 0 < np.abs(x16 - x32).max() < 2e-2 * scale
+    np.testing.assert_allclose(d16(x32).numpy(), d32(x32).numpy(),
+                               atol=2e-2 * np.abs(d32(x32).numpy()).max())
+    x = tf.constant(x32)
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            total = tf.reduce_sum(d16(x, training=True))
+        r1 = tf.reduce_sum(tf.square(inner.gradient(total, x)))
+    grads = outer.gradient(r1, d16.trainable_weights)
+    assert all(bool(tf.reduce_all(tf.math.is_finite(gr))) for gr in grads if gr is not None)

@@ -199,6 +199,33 @@ def test_loss_scale_overflow_check_sees_an_inf_on_any_replica(mirrored2):
         np.testing.assert_allclose(v.numpy(), [0.6, 1.6], rtol=1e-6)
 
 
+def test_nan_to_num_cleans_the_global_gradients_on_every_replica(mirrored2):
+    # StyleGAN2-ADA's cleaning (NaN -> 0, +-inf -> +-1e5) acts on the all-reduced sums:
+    # a NaN on replica 1 only zeroes that element on both replicas, the rest is the
+    # ordinary global SGD step, and the step counts as finite. Without it the same
+    # gradients make the step non-finite.
+    with mirrored2.scope():
+        var = tf.Variable(tf.zeros([4]))
+        opt = keras.optimizers.SGD(1.0)
+        opt.build([var])
+
+    @tf.function
+    def step(clean):
+        def replica_fn():
+            rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                          tf.float32)
+            g = tf.stack([np.nan * rid, np.inf, -np.inf, 1.0 + rid])
+            _, finite, _, _ = replica.apply_global_gradients(opt, [g], [var],
+                                                             nan_to_num=clean)
+            return finite
+        return mirrored2.experimental_local_results(mirrored2.run(replica_fn))
+
+    assert all(bool(f) for f in step(True))
+    for v in mirrored2.experimental_local_results(var):
+        np.testing.assert_array_equal(v.numpy(), [0.0, -1e5, 1e5, -3.0])
+    assert not any(bool(f) for f in step(False))
+
+
 def test_packed_gradients_are_all_reduced_last_layers_first(mirrored2, monkeypatch):
     # grad_pack_bytes issues the collectives in REVERSE variable order (backprop makes
     # the last layers' gradients first, so their packs can travel early); the sums are

@@ -31,6 +31,7 @@ def tiny_config(**train):
     m.latent_dim = m.w_dim = 8
     m.mapping_layers, m.fmaps, m.channel_max = 2, 1 / 256, 8
     m.mbstd_group, m.mbstd_chunk = 2, 4
+    m.num_fp16_res, m.conv_clamp = 0, None  # float32: the checks below are exact formulas.
     t = c.train
     t.global_batch_size = GB
     for opt in (t.g_optimizer, t.d_optimizer):
@@ -159,6 +160,39 @@ def test_path_length_gradient_is_the_official_non_detached_one(one_device):
     del gan_step._phase_update
 
 
+def test_float16_blocks_train_with_clean_gradients(one_device):
+    """The presets' mixed precision (float16 in the top resolutions, conv clamp 256, no
+    loss scaling, grad_nan_to_num) through both phases: finite losses and weights, and
+    the step moved every weight the float32 run moves."""
+    config = tiny_config(grad_nan_to_num=True)
+    config.model.num_fp16_res, config.model.conv_clamp = 2, 256.0
+    source = digits16()
+    with one_device.scope():
+        half = training.build_gan(config, source.shape, source.num_classes)
+    assert half.step_config.grad_nan_to_num
+    convs = stylegan2.parts(half.generator)[1].convs  # 16x16: float16 from 8x8 up.
+    assert [c.name for c in convs if c.compute_dtype == "float16"] == [
+        c.name for c in convs if c.name != "b4_conv1"]
+    before = [v.numpy() for v in half.generator.trainable_weights]
+    history = fit(half, source, one_device, 2)  # Step 0 runs Dreg and Greg too.
+    assert np.all(np.isfinite(history["g_loss"])) and np.all(np.isfinite(history["d_loss"]))
+    after = half.generator.trainable_weights
+    assert all(np.all(np.isfinite(v.numpy())) for v in after)
+    assert float(half.pl_mean.numpy()) > 0
+    moved = [not np.array_equal(a, v.numpy()) for a, v in zip(before, after)]
+    assert np.mean(moved) > 0.9
+
+
+def test_gradient_cleaning_refuses_loss_scaling():
+    config = configs.stylegan2("paper256")
+    config.train.precision = "mixed_float16"
+    with pytest.raises(errors.ConfigError) as e:
+        training.validate(config, num_replicas=8)
+    assert "\n" not in str(e.value) and "grad_nan_to_num" in str(e.value)
+    config.train.grad_nan_to_num = False
+    training.validate(config, num_replicas=8)
+
+
 @pytest.mark.slow  # Two more models traced (~50 CPU-s).
 def test_resume_is_exact(trained, one_device, tmp_path):
     """2 steps, a checkpoint, a fresh model restored from it, 2 more steps: every
@@ -212,6 +246,7 @@ def test_ema_half_life_in_images():
     ({"lazy_phases": True, "penalty": "wgan_gp"}, ["lazy_phases", "wgan_gp", "r1"]),
     ({"style_mixing": 1.5}, ["style_mixing", "[0, 1]"]),
     ({"ada_interval": -1}, ["ada_interval", ">= 0"]),
+    ({"grad_nan_to_num": 1}, ["grad_nan_to_num", "True or False"]),
 ])
 def test_bad_knobs_are_one_line(knobs, words):
     with pytest.raises(errors.ConfigError) as e:

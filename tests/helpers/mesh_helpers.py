@@ -28,7 +28,7 @@ def config(arch, optimizer, d_steps=1, ema=False):
         c.model = ml_collections.ConfigDict({
             "name": "mlp", "latent_dim": 4, "hidden": (16, 16), "g_norm": "batch",
             "d_norm": "batch", "sync_bn": True, "conditional": False})
-    if optimizer == "adam" and arch == "dcgan":
+    if optimizer != "sgd" and arch == "dcgan":
         # D's second conv has a bias right before a batch norm: its gradient is zero in
         # exact arithmetic, rounding noise in float32, and Adam turns noise into steps of
         # +-lr (4e-4 apart after 10 steps, every other weight within 6e-8). Without D's
@@ -38,8 +38,13 @@ def config(arch, optimizer, d_steps=1, ema=False):
     c.train.d_steps = d_steps
     if ema:  # A copy for 2 steps, then the decay ramping up over 3: the whole schedule.
         c.train.ema.decay, c.train.ema.start, c.train.ema.warmup = 0.8, 2, 3
-    lr = 0.1 if optimizer == "sgd" else 1e-3
-    c.train.d_optimizer = c.train.g_optimizer = {"name": optimizer, "learning_rate": lr}
+    name, _, options = optimizer.partition(":")  # e.g. "sgd:momentum=0.9,nesterov=True"
+    lr = 0.1 if name == "sgd" else 1e-3
+    opt = {"name": name, "learning_rate": lr}
+    for item in filter(None, options.split(",")):
+        key, value = item.split("=")
+        opt[key] = eval(value)  # Test-only: literals.
+    c.train.d_optimizer = c.train.g_optimizer = opt
     return c
 
 
@@ -69,17 +74,15 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False):
     return ref, init, batches, {k: float(v) for k, v in out.items()}
 
 
-def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_scale=1.0,
+def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
                 d_steps=1, convs=False, ema=False):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
-    fused=True runs D's and G's mesh updates in ONE tf.function (the stale-weights bug);
     lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
     convs=True splits every convolution the model axis divides (the policy's size
     threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
     compares its weights ("ema_diff")."""
     import numpy as np
-    import tensorflow as tf
     from tf_gan_scale import data
     from tf_gan_scale import training
     from tf_gan_scale.cluster import mesh_spec
@@ -105,22 +108,6 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, fused=False, lr_s
         layouts.CONV_SPLIT_MIN_PARAMS = threshold
     split_convs = sum(1 for p, s in plan.items() if "conv" in p and any(s))
     trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
-    if fused:
-        @tf.function
-        def both(real, labels, step, t, lr):
-            d = trainer.d_update(real, labels, step, 0, t, lr)
-            return d, trainer.g_update(tf.shape(real)[0], step, t, lr)
-
-        def fused_step(batches_):
-            real, labels = batches_[0]
-            n = trainer.step
-            d, g = both(real, labels, tf.constant(n, tf.int64),
-                        tf.constant(n + 1, tf.float32),
-                        tf.constant(trainer.g_opt.lr(n), tf.float32))
-            trainer.d_opt.count(n + 1)
-            trainer.g_opt.count(n + 1)
-            return float(tensors.gather(d)), float(tensors.gather(g))
-        trainer.train_step = fused_step
     for xs in batches:
         d_loss, g_loss = trainer.train_step([trainer.batch(x) for x in xs])
     def gap(a_net, b_net):
@@ -140,5 +127,8 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from tf_gan_scale import distribute
     distribute.configure_cpu_devices(int(sys.argv[1]))
+    from tf_gan_scale import parallel
     for spec, arch, optimizer, steps, convs in json.loads(sys.argv[2]):
-        print(json.dumps(equivalence(spec, arch, optimizer, steps, convs=convs)), flush=True)
+        out = equivalence(spec, arch, optimizer, steps, convs=convs)
+        out["combine"] = os.environ[parallel.COMBINE_VAR] == "1"
+        print(json.dumps(out), flush=True)

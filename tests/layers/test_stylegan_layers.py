@@ -254,3 +254,39 @@ def test_layers_serialize():
         config = keras.saving.serialize_keras_object(layer)
         clone = keras.saving.deserialize_keras_object(config)
         assert type(clone) is type(layer) and clone.get_config() == layer.get_config()
+
+
+def test_float16_modulated_conv_pre_normalizes():
+    """x in float16 with a weight and styles large enough that x * s and the convolution
+    overflow float16 (max 65504): the official pre-normalization keeps the demodulated
+    output finite and equal to the float32 result (up to float16 rounding). Without it
+    the output is inf/NaN, so this fails if the pre-normalization goes."""
+    x = RNG.standard_normal((2, 4, 4, 8)).astype(np.float32)
+    weight = (RNG.standard_normal((3, 3, 8, 6)) * 3e3).astype(np.float32)
+    styles = (RNG.standard_normal((2, 8)) * 3e3).astype(np.float32)
+    want = sg.modulated_conv2d(tf.constant(x), tf.constant(weight), tf.constant(styles)).numpy()
+    got = sg.modulated_conv2d(tf.constant(x, tf.float16), tf.constant(weight),
+                              tf.constant(styles))
+    assert got.dtype == tf.float16
+    assert np.all(np.isfinite(got.numpy()))
+    np.testing.assert_allclose(got.numpy().astype(np.float32), want, atol=2e-2 * np.abs(
+        want).max())
+    # The same magnitudes without demodulation (ToRGB's path, no pre-normalization)
+    # overflow: the inputs really are out of float16's range.
+    plain = sg.modulated_conv2d(tf.constant(x, tf.float16), tf.constant(weight),
+                                tf.constant(styles), demodulate=False).numpy()
+    assert not np.all(np.isfinite(plain))
+
+
+def test_float16_layer_reads_float32_variables_and_styles():
+    layer = sg.SynthesisLayer(6, w_dim=8, resolution=8, up=2, conv_clamp=256.0,
+                              dtype="mixed_float16")
+    x = tf.constant(RNG.standard_normal((2, 4, 4, 5)), tf.float32)
+    w = tf.constant(RNG.standard_normal((2, 8)), tf.float32)
+    y = layer(x, w)
+    assert y.dtype == tf.float16 and layer.kernel.dtype == "float32"
+    assert layer.affine.compute_dtype == "float32"  # Styles stay float32 (official).
+    ref = sg.SynthesisLayer(6, w_dim=8, resolution=8, up=2, conv_clamp=256.0)
+    ref.build(x.shape)
+    ref.set_weights(layer.get_weights())
+    np.testing.assert_allclose(y.numpy().astype(np.float32), ref(x, w).numpy(), atol=2e-2)

@@ -58,6 +58,24 @@ def channels(res, fmaps=1.0, channel_max=512):
     return min(int(fmaps * 32768) // res, channel_max)
 
 
+FP16 = "mixed_float16"  # A float16 block's policy: float32 variables, float16 arithmetic.
+
+
+def fp16_resolution(resolution, num_fp16_res):
+    """The lowest resolution whose blocks compute in float16: max(2^(log2 R + 1 - n), 8)
+    (SynthesisNetwork / Discriminator.__init__); None when num_fp16_res is 0."""
+    if not num_fp16_res:
+        return None
+    return max(2 ** (int(round(math.log2(resolution))) + 1 - int(num_fp16_res)), 8)
+
+
+def block_dtype(res, resolution, num_fp16_res):
+    """dtype= for the layers of the block at `res`: FP16 in the top num_fp16_res
+    resolutions, else None (the run's policy)."""
+    low = fp16_resolution(resolution, num_fp16_res)
+    return FP16 if low is not None and res >= low else None
+
+
 def num_ws(resolution):
     """Number of w vectors the synthesis network takes: 2*log2(resolution) - 2."""
     return 2 * int(round(math.log2(resolution))) - 2
@@ -162,29 +180,33 @@ class SynthesisNetwork(keras.layers.Layer):
         resolution: R, a power of two >= 4. img_channels: C. w_dim: style size.
         fmaps, channel_max: channel widths (`channels`). conv_clamp: None or float.
         seed: int, the noise seed (random and constant noise).
+        num_fp16_res: the top resolutions whose layers compute in float16 (`block_dtype`;
+            0: every layer uses the run's policy).
     """
 
     def __init__(self, *, resolution, img_channels, w_dim=512, fmaps=1.0, channel_max=512,
-                 conv_clamp=None, seed=0, **kwargs):
+                 conv_clamp=None, seed=0, num_fp16_res=0, **kwargs):
         super().__init__(**kwargs)
         self.resolution, self.img_channels = int(resolution), int(img_channels)
         self.w_dim, self.fmaps, self.channel_max = int(w_dim), float(fmaps), int(channel_max)
         self.conv_clamp = None if conv_clamp is None else float(conv_clamp)
-        self.seed = int(seed)
+        self.seed, self.num_fp16_res = int(seed), int(num_fp16_res)
         self.block_res = [2 ** i for i in range(2, int(math.log2(self.resolution)) + 1)]
         ch = lambda r: channels(r, self.fmaps, self.channel_max)  # noqa: E731
         common = dict(w_dim=self.w_dim, conv_clamp=self.conv_clamp, noise_seed=self.seed)
         self.convs, self.torgbs = [], []
         for res in self.block_res:
+            dtype = {"dtype": block_dtype(res, self.resolution, self.num_fp16_res)}
             if res > 4:
                 self.convs.append(SynthesisLayer(ch(res), resolution=res, up=2,
                                                  layer_index=len(self.convs),
-                                                 name=f"b{res}_conv0", **common))
+                                                 name=f"b{res}_conv0", **common, **dtype))
             self.convs.append(SynthesisLayer(ch(res), resolution=res,
                                              layer_index=len(self.convs),
-                                             name=f"b{res}_conv1", **common))
+                                             name=f"b{res}_conv1", **common, **dtype))
             self.torgbs.append(ToRGB(self.img_channels, w_dim=self.w_dim,
-                                     conv_clamp=self.conv_clamp, name=f"b{res}_torgb"))
+                                     conv_clamp=self.conv_clamp, name=f"b{res}_torgb",
+                                     **dtype))
         track(self, self.convs + self.torgbs)
         self.num_ws = num_ws(self.resolution)
 
@@ -226,7 +248,7 @@ class SynthesisNetwork(keras.layers.Layer):
         return {**super().get_config(), "resolution": self.resolution,
                 "img_channels": self.img_channels, "w_dim": self.w_dim, "fmaps": self.fmaps,
                 "channel_max": self.channel_max, "conv_clamp": self.conv_clamp,
-                "seed": self.seed}
+                "seed": self.seed, "num_fp16_res": self.num_fp16_res}
 
 
 def update_w_avg(mapping, mean_w):
@@ -315,7 +337,7 @@ def _check(data_shape, d_architecture, mbstd_group, mbstd_chunk, fmaps, channel_
 
 def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layers=8,
           fmaps=1.0, channel_max=512, mbstd_group=4, mbstd_chunk=0, d_architecture="resnet",
-          conv_clamp=None, mapping_lr_mul=0.01, w_avg_beta=0.995, seed=0):
+          conv_clamp=None, mapping_lr_mul=0.01, w_avg_beta=0.995, seed=0, num_fp16_res=0):
     """Builds the StyleGAN2 pair (module docstring).
 
     Args:
@@ -328,9 +350,15 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
         mbstd_chunk: rows per virtual chunk of global rows (0 = mbstd_group); the
             official batch_gpu is the faithful choice.
         d_architecture: "resnet" (every preset but cifar) or "orig" (cifar).
-        conv_clamp: None, or 256 (official with mixed precision).
+        conv_clamp: None or 0 (no clamp: the official --fp32), or 256 (official with
+            mixed precision).
         mapping_lr_mul: lr multiplier of the mapping FCs (0.01). w_avg_beta: w_avg EMA.
         seed: int, seed of the noise inputs (weights use Keras' global seed).
+        num_fp16_res: StyleGAN2-ADA's mixed precision (official presets: 4, with
+            conv_clamp 256): G's and D's blocks in the top num_fp16_res resolutions (not
+            below 8x8) compute in float16 with float32 variables; the mapping, the styles,
+            the image sum and D's 4x4 epilogue stay float32. No loss scaling: the presets
+            set train.grad_nan_to_num, as the official training loop cleans gradients.
 
     Returns:
         (generator [z] or [z, labels int32 [B]] -> [B, R, R, C] float32,
@@ -343,6 +371,11 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
     data_shape = tuple(data_shape)
     _check(data_shape, d_architecture, mbstd_group, mbstd_chunk, fmaps, channel_max,
            mapping_layers)
+    if not errors.is_int(num_fp16_res) or num_fp16_res < 0:
+        raise errors.ConfigError(f"stylegan2 num_fp16_res must be an integer >= 0 (the "
+                                 f"official presets: 4); Received: num_fp16_res="
+                                 f"{num_fp16_res!r}")
+    conv_clamp = float(conv_clamp) if conv_clamp else None  # 0: a command line's None.
     res, img_channels = data_shape[0], data_shape[2]
     ch = lambda r: channels(r, fmaps, channel_max)  # noqa: E731
     conditional = num_classes > 0
@@ -360,7 +393,7 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
     ws = keras.layers.RepeatVector(num_ws(res), name="broadcast", dtype="float32")(w)
     synthesis = SynthesisNetwork(resolution=res, img_channels=img_channels, w_dim=w_dim,
                                  fmaps=fmaps, channel_max=channel_max, conv_clamp=conv_clamp,
-                                 seed=seed, name="synthesis")
+                                 seed=seed, num_fp16_res=num_fp16_res, name="synthesis")
     img = synthesis(ws)
     generator = keras.Model(inputs, img, name="generator")
 
@@ -372,16 +405,19 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
     r = res
     while r > 4:
         tmp, out = ch(r), ch(r // 2)
+        dtype = {"dtype": block_dtype(r, res, num_fp16_res)}
         if r == res:
             x = EqualizedConv2D(tmp, 1, "lrelu", conv_clamp=conv_clamp,
-                                name=f"b{r}_fromrgb")(x)
+                                name=f"b{r}_fromrgb", **dtype)(x)
         if resnet:
-            y = EqualizedConv2D(out, 1, down=2, use_bias=False, gain=half, name=f"b{r}_skip")(x)
-        x = EqualizedConv2D(tmp, 3, "lrelu", conv_clamp=conv_clamp, name=f"b{r}_conv0")(x)
+            y = EqualizedConv2D(out, 1, down=2, use_bias=False, gain=half, name=f"b{r}_skip",
+                                **dtype)(x)
+        x = EqualizedConv2D(tmp, 3, "lrelu", conv_clamp=conv_clamp, name=f"b{r}_conv0",
+                            **dtype)(x)
         x = EqualizedConv2D(out, 3, "lrelu", down=2, gain=half if resnet else 1.0,
-                            conv_clamp=conv_clamp, name=f"b{r}_conv1")(x)
+                            conv_clamp=conv_clamp, name=f"b{r}_conv1", **dtype)(x)
         if resnet:
-            x = keras.layers.Add(name=f"b{r}_add")([y, x])
+            x = keras.layers.Add(name=f"b{r}_add", **dtype)([y, x])
         r //= 2
     c4 = ch(4)
     cmap_dim = c4 if conditional else 0

@@ -372,9 +372,9 @@ class GanStep:
                 grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
                 shares.append(share)
                 means = m if not means else [x + y for x, y in zip(means, m)]
-            (d_loss, count, *means), finite, norm, skipped = replica.apply_global_gradients(
+            (d_loss, count, *means), finite, norm, skipped = self.apply(
                 self.d_optimizer, grads, self.discriminator.trainable_variables,
-                [tf.add_n(shares), b] + means, self.config.grad_pack_bytes)
+                [tf.add_n(shares), b] + means)
         if self.config.lecam_weight:
             self.lecam_anchors.assign(regularizers.update_anchor(
                 self.lecam_anchors, tf.stack(means[:2]), float(self.config.lecam_decay)))
@@ -400,9 +400,8 @@ class GanStep:
                 if w_sum is not None:
                     w_sums.append(w_sum)
             riders = [tf.add_n(shares), uneven] + ([tf.add_n(w_sums)] if w_sums else [])
-            (g_loss, uneven, *w_sum), finite, norm, skipped = replica.apply_global_gradients(
-                self.g_optimizer, grads, self.generator.trainable_variables, riders,
-                self.config.grad_pack_bytes)
+            (g_loss, uneven, *w_sum), finite, norm, skipped = self.apply(
+                self.g_optimizer, grads, self.generator.trainable_variables, riders)
         if w_sum:  # The global mean w moves w_avg (used for truncation only).
             stylegan2.update_w_avg(self.style[0], w_sum[0] / tf.cast(gb, tf.float32))
         self._record("g_grad_norm", norm)
@@ -439,6 +438,13 @@ class GanStep:
         p.assign(tf.where(due, new, p))
         stats.assign(tf.where(due, tf.zeros([2]), stats))
 
+    def apply(self, optimizer, grads, variables, riders):
+        """`replica.apply_global_gradients` with this step's packing and gradient cleaning:
+        every update of every phase goes through the one gradient reduction."""
+        return replica.apply_global_gradients(optimizer, grads, variables, riders,
+                                              self.config.grad_pack_bytes,
+                                              self.config.grad_nan_to_num)
+
     def _phase_update(self, optimizer, grads, variables, riders):
         """A lazy phase's optimizer update, which does not count as a step: the main
         updates' `iterations` stays the step counter (data position, latents,
@@ -449,8 +455,7 @@ class GanStep:
             # bias, path length no toRGB bias): skipped, as the official optimizer does,
             # and Keras' warning about it at every trace is noise.
             warnings.filterwarnings("ignore", message="Gradients do not exist")
-            out = replica.apply_global_gradients(optimizer, grads, variables, riders,
-                                                 self.config.grad_pack_bytes)
+            out = self.apply(optimizer, grads, variables, riders)
         optimizer.iterations.assign_sub(1)
         return out
 

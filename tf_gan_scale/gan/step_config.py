@@ -69,6 +69,11 @@ class StepConfig:
     ortho_weight: float = _knob(0.0, doc="BigGAN's orthogonal regularization of G")
     grad_pack_bytes: int = _knob(0, doc="all-reduce gradients in packs of this size, "
                                         "last layers first (0: one all-reduce)")
+    grad_nan_to_num: bool = _knob(False, engines=("replicas",),
+                                  doc="replace non-finite global gradients (NaN 0, +-inf "
+                                      "+-1e5) before each update, as StyleGAN2-ADA's "
+                                      "training loop (its float16 blocks have no loss "
+                                      "scaling)")
     # StyleGAN2 (Karras et al. 2020): the regularizers as their own optimizer updates.
     lazy_phases: bool = _knob(False, engines=("replicas",),
                               doc="the penalty (every penalty_every steps) and path length "
@@ -129,8 +134,9 @@ class StepConfig:
             value = getattr(self, key)
             if not (errors.is_real(value) and 0.0 <= value <= 1.0):
                 raise _bad(key, value, "in [0, 1]")
-        if not isinstance(self.lazy_phases, bool):
-            raise _bad("lazy_phases", self.lazy_phases, "True or False")
+        for key in ("lazy_phases", "grad_nan_to_num"):
+            if not isinstance(getattr(self, key), bool):
+                raise _bad(key, getattr(self, key), "True or False")
         for key in ("label_smoothing", "lecam_decay"):
             value = getattr(self, key)
             if not (errors.is_real(value) and 0.0 <= value < 1.0):

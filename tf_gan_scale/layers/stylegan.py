@@ -248,9 +248,22 @@ def modulated_conv2d(x, weight, styles, *, demodulate=True, up=1, noise=None):
     weight [k, k, I, O] -> * d [B, O] where d = rsqrt(sum_{i,kh,kw} (W * s)^2 + 1e-8)
     (if demodulate), then + noise [B, H', W', 1] (broadcast over channels).
     Equal to convolving each sample with its own demodulated kernel W*s*d.
+
+    weight and styles arrive in float32 (the variable, not its autocast copy). When x is
+    float16 and demodulate, both are first pre-normalized as the official code does (W by
+    sqrt(I*k*k) and its per-output-channel max |W|, s by its per-sample max |s|): exact in
+    real arithmetic (demodulation removes any scale), it keeps x * s and the convolution
+    inside float16's range.
     """
+    weight = tf.cast(weight, tf.float32)
+    styles = tf.cast(styles, tf.float32)
+    if demodulate and x.dtype == tf.float16:
+        k, i = weight.shape[0], weight.shape[2]
+        weight = weight * (1.0 / float(np.sqrt(i * k * k))) / tf.reduce_max(
+            tf.abs(weight), axis=[0, 1, 2], keepdims=True)
+        styles = styles / tf.reduce_max(tf.abs(styles), axis=1, keepdims=True)
     x = x * tf.cast(styles[:, None, None, :], x.dtype)
-    x = conv2d_resample(x, weight, up=up)
+    x = conv2d_resample(x, tf.cast(weight, x.dtype), up=up)
     if demodulate:
         # sum_{i,kh,kw} (W[kh,kw,i,o] s_i)^2 = (s^2) @ sum_{kh,kw} W^2 : [B, O].
         w2 = tf.reduce_sum(tf.square(tf.cast(weight, tf.float32)), axis=[0, 1])  # [I, O]
@@ -292,11 +305,14 @@ class SynthesisLayer(keras.layers.Layer):
 
     def build(self, input_shape):
         in_ch, k, r = int(input_shape[-1]), self.kernel_size, self.resolution
-        self.affine = EqualizedDense(in_ch, bias_init=1.0, name="affine")
+        # The styles stay float32 in a float16 block (official), as the mapping does.
+        self.affine = EqualizedDense(in_ch, bias_init=1.0, name="affine", dtype="float32")
         self.affine.build((None, self.w_dim))
-        # Raw N(0, 1) with no runtime gain: demodulation removes any scale of W.
+        # Raw N(0, 1) with no runtime gain: demodulation removes any scale of W. Read in
+        # float32 (autocast off): modulated_conv2d pre-normalizes before any half cast.
         self.kernel = self.add_weight(name="kernel", shape=(k, k, in_ch, self.filters),
-                                      initializer=keras.initializers.RandomNormal(stddev=1.0))
+                                      initializer=keras.initializers.RandomNormal(stddev=1.0),
+                                      autocast=False)
         self.noise_strength = self.add_weight(name="noise_strength", shape=(),
                                               initializer="zeros")
         self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer="zeros")
@@ -340,10 +356,11 @@ class ToRGB(keras.layers.Layer):
 
     def build(self, input_shape):
         in_ch = int(input_shape[-1])
-        self.affine = EqualizedDense(in_ch, bias_init=1.0, name="affine")
+        self.affine = EqualizedDense(in_ch, bias_init=1.0, name="affine", dtype="float32")
         self.affine.build((None, self.w_dim))
         self.kernel = self.add_weight(name="kernel", shape=(1, 1, in_ch, self.channels),
-                                      initializer=keras.initializers.RandomNormal(stddev=1.0))
+                                      initializer=keras.initializers.RandomNormal(stddev=1.0),
+                                      autocast=False)
         self.bias = self.add_weight(name="bias", shape=(self.channels,), initializer="zeros")
         self.weight_gain = 1.0 / float(np.sqrt(in_ch))
 

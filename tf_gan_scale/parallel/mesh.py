@@ -20,7 +20,7 @@ import types
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tf_gan_scale import errors
+from tf_gan_scale import errors, parallel
 from tf_gan_scale.cluster import env
 from tf_gan_scale.cluster import startup
 from tf_gan_scale.cluster.mesh_spec import BATCH, MODEL, check
@@ -82,6 +82,7 @@ def initialize(num_cpu_devices=None, startup_timeout_s=startup.DEFAULT_TIMEOUT_S
         The device type ("CPU", "GPU" or "TPU").
     """
     os.environ.update(env.client_env_from(os.environ))
+    parallel.combine_all_reduces()  # Before the DTensor device exists (parallel/__init__).
     kind = device_type(physical=True)
     if num_cpu_devices is not None and num_cpu_devices < 1:
         raise errors.ConfigError(f"--num_cpu_devices must be >= 1; Received: "

@@ -1,18 +1,21 @@
-"""The GAN step on a DTensor mesh: D and G updates as SEPARATE functions, a read-once
-optimizer, the same losses, latents and batch-norm statistics as one device.
+"""The GAN step on a DTensor mesh: one function per GAN step (D updates, G update, EMA),
+the GAN's own Keras optimizers, the same losses, latents and batch-norm statistics as one
+device.
 
 Why it looks like this (docs/notes/dtensor.md):
 - A DTensor program is written for the GLOBAL batch: the step calls the one-device code
-  of `gan.GanStep` (`d_grads`, `g_grads`) on all GB rows, with rows 0..GB-1, and DTensor
-  runs it SPMD: examples split over the "batch" axis, split weights over "model".
+  of `gan.GanStep` (`d_grads`, `g_grads`, `apply`) on all GB rows, with rows 0..GB-1, and
+  DTensor runs it SPMD: examples split over the "batch" axis, split weights over "model".
   Losses are divided by GB once, latents are keyed by global row, and batch-norm
   moments over a batch-split tensor are global-batch moments: one device's numbers.
-- Inside one function a DVariable read after a write can return the OLD value. So D's
-  update and G's update run in separate functions (a fused step would train G against
-  the stale D), and the optimizer reads each variable once and writes it last (Keras'
-  optimizers count `iterations` and read slots after writing them: silently wrong).
-  The step number is passed in from the host, not read from a counter the same
-  function increments.
+- A variable read after a write in the same function returns the new value only with
+  DTensor's all-reduce combining pass OFF (`tf_gan_scale.parallel` switches it off for
+  every process): with it on, G's update in the same function trained against the old
+  D, and Keras' optimizers (which count `iterations` and read slots after writing them)
+  were silently wrong. So the step is one function, and the optimizers are Keras' own,
+  with every option the data-parallel path has (momentum, clipping, weight decay).
+- G's global batch is a Python int in the traced function (DTensor cannot lay out a
+  range over a dynamic size).
 """
 
 import keras
@@ -35,22 +38,45 @@ class MeshTopology(Topology):
         return tensors.join_examples(parts)
 
 
-def _optimizer_name(opt):
-    """"sgd" / "adam" for the Keras optimizers the mesh can run, else a ConfigError naming
-    the setting and what is valid."""
-    names = {keras.optimizers.SGD: "sgd", keras.optimizers.Adam: "adam"}
-    name = names.get(type(opt))  # Exactly: AdamW is an Adam with weight decay.
-    bad = [] if name else [f"optimizer {type(opt).__name__}"]
-    bad += [f"{k}={getattr(opt, k)!r}" for k in
-            ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm",
-             "gradient_accumulation_steps") if getattr(opt, k, None)]
-    bad += [f"{k}=True" for k in ("use_ema", "amsgrad", "nesterov") if getattr(opt, k, False)]
-    if name == "sgd" and opt.momentum:
-        bad.append(f"momentum={opt.momentum}")
-    if bad:
-        raise errors.ConfigError(f"not supported on a mesh: {', '.join(bad)}; valid: sgd "
-                                 f"(momentum 0) or adam, without decay, clipping or EMA")
-    return name
+# Keras optimizer options the mesh refuses: Keras' own gradient accumulation branches on
+# a counter (a cond around the update, which DTensor cannot expand with split weights);
+# config.train.accumulation_steps is the framework's accumulation.
+UNSUPPORTED_OPTIONS = ("gradient_accumulation_steps",)
+
+
+def _unsupported_options(opt):
+    """["d_optimizer gradient_accumulation_steps=2", ...] for a Keras optimizer."""
+    inner = getattr(opt, "inner_optimizer", opt)
+    return [f"{k}={getattr(inner, k)!r}" for k in UNSUPPORTED_OPTIONS
+            if getattr(inner, k, None)]
+
+
+def place_optimizer(optimizer, mesh):
+    """Moves a built Keras optimizer's variables onto `mesh`, in place: each slot (a
+    variable Keras made from a weight with `add_variable_from_reference`, so named after
+    the weight's path) takes its weight's layout, so a device holds 1/M of a split
+    weight's moments; the rest (iterations, the learning rate, a loss scale) is
+    replicated. They stay the optimizer's own Keras variables: its checkpoint is the same
+    on a mesh and on one device, and a run moves between them with its moments.
+
+    optimizer: a built Keras optimizer (or LossScaleOptimizer) whose weights are on
+    `mesh` already (`layouts.shard`)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    # Keras finds a weight's slots by the id of its TensorFlow variable, which
+    # `layouts.shard` replaced by a DVariable: index the weights again.
+    inner._trainable_variables_indices = {
+        inner._var_key(w): i for i, w in enumerate(inner._trainable_variables)}
+    weights = {w.path.replace("/", "_") + "_": w for w in inner._trainable_variables}
+    for v in optimizer.variables:
+        owners = [w for prefix, w in weights.items()
+                  if v.name.startswith(prefix) and tuple(v.shape) == tuple(w.shape)]
+        spec = (None,) * len(v.shape)
+        if owners:  # The longest matching path is the weight the slot was made from.
+            owner = max(owners, key=lambda w: len(w.path))
+            spec = tuple(None if a == dtensor.UNSHARDED else a
+                         for a in dtensor.fetch_layout(owner._value).sharding_specs)
+        value = tensors.to_mesh(v._value.read_value(), mesh, spec)
+        v._value = dtensor.DVariable(value, trainable=v.trainable, name=v.name)
 
 
 # Layers whose ops DTensor cannot expand on a mesh (a ConfigError before anything runs,
@@ -71,104 +97,31 @@ def _unsupported_layers(models):
     return found
 
 
-class ReadOnceOptimizer:
-    """Runs a built Keras SGD or Adam over (possibly sharded) DVariables, reading each
-    variable and slot once and writing it once per update (Keras' own update reads
-    `iterations` and slots after writing them: silently wrong on a mesh).
-
-    It keeps the Keras optimizer's own variables (moved onto the mesh: each slot with its
-    weight's layout, the counters replicated), so a checkpoint of the optimizer is the
-    same on a mesh and on one device, and a run moves between them with its moments.
-    The update count and learning rate come from the host (`lr(n)`, `apply(..., t, lr)`)
-    and `iterations` is written from the host between steps (`count`).
-
-    Args:
-        optimizer: a built keras.optimizers.SGD (momentum 0) or Adam; its variables'
-            weights must be on `mesh` already (`layouts.shard`).
-        mesh: the dtensor.Mesh.
-    """
-
-    def __init__(self, optimizer, mesh):
-        self.name, self.keras, self.mesh = _optimizer_name(optimizer), optimizer, mesh
-        self.variables = list(optimizer._trainable_variables)
-        slots = ((optimizer._momentums, optimizer._velocities) if self.name == "adam"
-                 else ())
-        spec_of = {}  # A slot's layout is its weight's.
-        for kind in slots:
-            for w, slot in zip(self.variables, kind):
-                spec_of[id(slot)] = tuple(
-                    None if a == dtensor.UNSHARDED else a
-                    for a in dtensor.fetch_layout(w._value).sharding_specs)
-        for v in optimizer.variables:  # iterations, learning_rate, slots.
-            spec = spec_of.get(id(v), (None,) * len(v.shape))
-            value = tensors.to_mesh(v._value.read_value(), mesh, spec)
-            v._value = dtensor.DVariable(value, trainable=False, name=v.name)
-        self.slots = list(zip(*slots)) if slots else []
-        self.updates = int(tensors.gather(optimizer.iterations))
-
-    def lr(self, n=None):
-        """The learning rate of update number n (0-based; default: the next), as Keras
-        computes it: the schedule at n, or the constant."""
-        rate = self.keras._learning_rate
-        n = self.updates if n is None else n
-        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            return float(np.asarray(rate(n)))
-        return float(tensors.gather(rate))
-
-    def count(self, n):
-        """Sets `iterations` to n updates (on the host, between steps)."""
-        self.updates = int(n)
-        self.keras.iterations._value.assign(tensors.to_mesh(
-            tf.constant(self.updates, self.keras.iterations.dtype), self.mesh, ()))
-
-    def apply(self, grads, t, lr):
-        """Updates with `grads` (global gradients, the variables' layouts); t: float32
-        scalar, the 1-based update number (Adam's bias correction); lr: float32 scalar."""
-        for i, (v, g) in enumerate(zip(self.variables, grads)):
-            if g is None:
-                continue
-            w = v._value.read_value()
-            if self.name == "sgd":
-                v._value.assign(w - lr * g)
-                continue
-            k = self.keras
-            m_var, v_var = (slot._value for slot in self.slots[i])
-            # Keras' Adam, term for term (its rounding): m += (g - m)(1 - b1), likewise
-            # s with g^2, w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(s) + eps).
-            m = m_var.read_value()
-            m = m + (g - m) * (1 - k.beta_1)
-            s = v_var.read_value()
-            s = s + (tf.square(g) - s) * (1 - k.beta_2)
-            rate = lr * tf.sqrt(1 - tf.pow(k.beta_2, t)) / (1 - tf.pow(k.beta_1, t))
-            v._value.assign(w - m * rate / (tf.sqrt(s) + k.epsilon))
-            m_var.assign(m)
-            v_var.assign(s)
-
-
 class MeshTrainer:
     """Trains `gan` (a compiled `gan.GAN`) on `mesh`. Tested unconditional, with d_steps
     1 and 2, batch norm and dropout; conditional models run the same code, untested here.
 
     The networks' weights are moved onto the mesh by `weight_plan` (layouts.plan), then
-    the optimizers' variables (ReadOnceOptimizer). The GAN's checkpoint items
+    the optimizers' variables (`place_optimizer`). The GAN's checkpoint items
     (`gan.checkpoint_items()`) stay the same objects, so a tf.train.Checkpoint of them
     saves and restores on the mesh exactly as on one device: restore before or after.
-    One call of `train_step(batches)` is one GAN step: d_steps D updates, then one G
-    update, each in its own tf.function; `gan.step` counts it as on one device.
+    One call of `train_step(batches)` is one GAN step, one tf.function: d_steps D
+    updates, then one G update, then the EMA generator's; `gan.step` counts it as on one
+    device. The updates go through `GanStep.apply` (`replica.apply_global_gradients`,
+    with one "replica": the global batch), so clipping and gradient cleaning act as on
+    one device.
 
     Args:
-        gan: gan.GAN, compiled with Keras SGD (momentum 0) or Adam optimizers (their
-            state, learning rates and schedules are used) and built.
+        gan: gan.GAN, compiled with Keras optimizers (their state, learning rates and
+            schedules are used) and built.
         mesh: dtensor.Mesh with axes ("batch", "model").
         weight_plan: {weight path: spec} (layouts.plan).
 
-    The EMA generator, if any, is split like G and updated in a function of its own,
-    after G's (it reads G's new weights).
+    The EMA generator, if any, is split like G.
 
-    Not yet on a mesh (a ConfigError, not a silently different run): gradient
-    accumulation, mixed_float16 loss scaling, gradient penalties (D called twice in one
-    function: its stateful layers would hit the read-after-write trap), LeCam, and the
-    layers of UNSUPPORTED_LAYERS.
+    Not yet on a mesh (a ConfigError, not a silently different run): the step knobs
+    StepConfig marks (`unsupported("mesh")`), mixed_float16 loss scaling, Keras'
+    gradient_accumulation_steps, and the layers of UNSUPPORTED_LAYERS.
     """
 
     def __init__(self, gan, mesh, weight_plan):
@@ -177,12 +130,12 @@ class MeshTrainer:
         bad = gan.step_config.unsupported("mesh")
         if isinstance(gan.g_optimizer, keras.optimizers.LossScaleOptimizer):
             bad.append("precision=mixed_float16 (loss scaling)")
+        for name in ("d_optimizer", "g_optimizer"):
+            bad += [f"{name} {o}" for o in _unsupported_options(getattr(gan, name))]
         bad += _unsupported_layers((gan.generator, gan.discriminator))
         if bad:
             raise errors.ConfigError(f"not supported on a mesh yet: {', '.join(bad)}; "
                                      f"valid: run them with a tf.distribute strategy")
-        for opt in (gan.d_optimizer, gan.g_optimizer):
-            _optimizer_name(opt)  # Before anything moves.
         self.gan, self.mesh = gan, mesh
         self.step_math = gan.gan_step
         gan.topology = MeshTopology()  # [real; fake] joined without a concat.
@@ -192,39 +145,42 @@ class MeshTrainer:
             layouts.shard((ema,), mesh, {
                 layouts.weight_path(ema, e): weight_plan[layouts.weight_path(gan.generator, w)]
                 for e, w in zip(ema.weights, gan.generator.weights)})
-        self.d_opt = ReadOnceOptimizer(gan.d_optimizer, mesh)
-        self.g_opt = ReadOnceOptimizer(gan.g_optimizer, mesh)
+        for opt in (gan.d_optimizer, gan.g_optimizer):
+            place_optimizer(opt, mesh)
         # autograph=False: the step math is plain Python around ops
-        # (gan.step_function.unconverted_if_own).
-        self._d_fn = tf.function(self.d_update, autograph=False)
-        self._g_fn = tf.function(self.g_update, autograph=False)
-        # Its own function: it reads G's weights, which the G function writes.
-        self._ema_fn = tf.function(self._ema_update, autograph=False)
+        # (gan.step_function.unconverted_if_own). One trace per d_steps and batch shape.
+        self._step_fn = tf.function(self._step, autograph=False)
         self._sample_fn = None
 
     @property
     def step(self):
-        """GAN steps taken (the G optimizer's update count, kept on the host)."""
-        return self.g_opt.updates
+        """GAN steps taken (G's update count, read from the mesh: restores included)."""
+        return int(tensors.gather(self.gan.g_optimizer.iterations))
 
-    def _rows(self, gb):
-        return tf.range(gb)
+    def d_update(self, real, labels, step, k):
+        """D update k of a step on the global batch real [GB, ...]; its loss."""
+        gb = int(real.shape[0])
+        grads, share, _ = self.step_math.d_grads(real, labels, tf.range(gb), gb, step, k)
+        (loss,), _, _, _ = self.step_math.apply(
+            self.gan.d_optimizer, grads, self.gan.discriminator.trainable_variables, [share])
+        return loss
 
-    def d_update(self, real, labels, step, k, t, lr):
-        """D update k of a step on the global batch real [GB, ...] (traced by _d_fn)."""
-        gb = tf.shape(real)[0]
-        grads, share, _ = self.step_math.d_grads(real, labels, self._rows(gb), gb, step, k)
-        self.d_opt.apply(grads, t, lr)
-        return share
+    def g_update(self, gb, step):
+        """The G update of a step on a global batch of gb rows (a Python int); its loss."""
+        grads, share, _ = self.step_math.g_grads(tf.range(gb), gb, step)
+        (loss,), _, _, _ = self.step_math.apply(
+            self.gan.g_optimizer, grads, self.gan.generator.trainable_variables, [share])
+        return loss
 
-    def g_update(self, gb, step, t, lr):
-        """The G update of a step on a global batch of gb (traced by _g_fn)."""
-        grads, share, _ = self.step_math.g_grads(self._rows(gb), gb, step)
-        self.g_opt.apply(grads, t, lr)
-        return share
-
-    def _ema_update(self, step):
-        self.gan.ema.update(self.gan.generator, step)
+    def _step(self, batches, step):
+        """One GAN step (traced by _step_fn): batches, a tuple of d_steps (real, labels);
+        step, the int64 step number. Returns (last D loss, G loss)."""
+        for k, (real, labels) in enumerate(batches):
+            d_loss = self.d_update(real, labels, step, k)
+        g_loss = self.g_update(int(batches[0][0].shape[0]), step)
+        if self.gan.ema is not None:  # As GanStep.g_update: after G's update, counted.
+            self.gan.ema.update(self.gan.generator, step + 1)
+        return d_loss, g_loss
 
     def split(self):
         """The rows of each global batch this client builds (data.pipeline.Split): one
@@ -272,19 +228,8 @@ class MeshTrainer:
         if len(batches) != d_steps:
             raise ValueError(f"{len(batches)} batches for d_steps={d_steps}")
         step = self.step
-        step_t = tf.constant(step, tf.int64)
-        for k, (real, labels) in enumerate(batches):
-            n = self.d_opt.updates
-            d_loss = self._d_fn(real, labels, step_t, k, tf.constant(n + 1, tf.float32),
-                                tf.constant(self.d_opt.lr(n), tf.float32))
-            self.d_opt.count(n + 1)  # Between functions: no read after write.
-        gb = int(batches[0][0].shape[0])
-        g_loss = self._g_fn(tf.constant(gb), step_t, tf.constant(step + 1, tf.float32),
-                            tf.constant(self.g_opt.lr(step), tf.float32))
-        self.g_opt.count(step + 1)
-        if self.gan.ema is not None:  # As GanStep.g_update: the step counted after it.
-            self._ema_fn(tf.constant(step + 1, tf.int64))
-        losses = float(tensors.gather(d_loss)), float(tensors.gather(g_loss))
+        out = self._step_fn(tuple(tuple(b) for b in batches), tf.constant(step, tf.int64))
+        losses = tuple(float(tensors.gather(x)) for x in out)
         if not np.all(np.isfinite(losses)):
             raise errors.NonFiniteError(f"non-finite loss at step {step + 1} on the mesh: "
                                         f"d_loss={losses[0]}, g_loss={losses[1]}")
@@ -292,14 +237,18 @@ class MeshTrainer:
 
 
 class _Rate:
-    """An optimizer as `callbacks.Summaries` reads it: `learning_rate` of the next update."""
+    """An optimizer as `callbacks.Summaries` reads it: `learning_rate` of the next update
+    (the schedule at the update count, or the constant), computed on the host."""
 
     def __init__(self, optimizer):
-        self._optimizer = optimizer
+        self._optimizer = getattr(optimizer, "inner_optimizer", optimizer)
 
     @property
     def learning_rate(self):
-        return self._optimizer.lr()
+        rate = self._optimizer._learning_rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            return float(np.asarray(rate(int(tensors.gather(self._optimizer.iterations)))))
+        return float(tensors.gather(rate))
 
 
 class HostView:
@@ -325,7 +274,8 @@ class HostView:
         self.trainer, self.host_generator = trainer, host_generator
         self.latent_dim = trainer.gan.latent_dim
         self.num_classes = trainer.gan.num_classes
-        self.g_optimizer, self.d_optimizer = _Rate(trainer.g_opt), _Rate(trainer.d_opt)
+        self.g_optimizer = _Rate(trainer.gan.g_optimizer)
+        self.d_optimizer = _Rate(trainer.gan.d_optimizer)
         self.stop_training = False  # Set by callbacks.StopAtStep.
         self._synced = None
 

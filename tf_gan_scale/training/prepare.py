@@ -129,6 +129,13 @@ def validate(config, num_replicas):
             f"config.train.global_batch_size={t.global_batch_size} is not divisible by the "
             f"{num_replicas} replicas; use a multiple of {num_replicas}")
     precision.check(t.get("precision", "float32"))
+    if t.get("grad_nan_to_num", False) and t.get("precision") == "mixed_float16":
+        # Cleaned gradients would hide from the loss scaler the overflows it is steered by.
+        raise errors.ConfigError(
+            "config.train.grad_nan_to_num=True cannot run with config.train.precision="
+            "'mixed_float16' (its loss scaling needs to see overflows); valid: float16 "
+            "blocks without loss scaling (config.model.num_fp16_res, precision float32 or "
+            "mixed_bfloat16), or grad_nan_to_num=False")
     if config.model.name == "stylegan2":  # Minibatch-std chunks must not straddle replicas.
         stylegan2.check_batch(config.model, t.global_batch_size // num_replicas)
     for key in ("style_mixing", "pl_weight"):  # Before anything is built or written.
