@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from conftest import shared
 from helpers.tiny_gan import GB, LATENT, digits, fit, make, samples
-from tf_gan_scale import architectures, data, gan, latents, replica
+from tf_gan_scale import architectures, data, errors, gan, latents, replica
 from tf_gan_scale.gan.step import ortho_weights
 from tf_gan_scale.layers import ReplicaDropout
 
@@ -214,7 +214,7 @@ def test_nan_to_num_cleans_the_global_gradients_on_every_replica(mirrored2):
         def replica_fn():
             rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
                           tf.float32)
-            g = tf.stack([np.nan * rid, np.inf, -np.inf, 1.0 + rid])
+            g = tf.stack([tf.where(rid > 0, np.nan, 0.0), np.inf, -np.inf, 1.0 + rid])
             _, finite, _, _ = replica.apply_global_gradients(opt, [g], [var],
                                                              nan_to_num=clean)
             return finite
@@ -225,6 +225,19 @@ def test_nan_to_num_cleans_the_global_gradients_on_every_replica(mirrored2):
         np.testing.assert_array_equal(v.numpy(), [0.0, -1e5, 1e5, -3.0])
     assert not any(bool(f) for f in step(False))
 
+
+
+def test_compile_refuses_gradient_cleaning_with_loss_scaling():
+    # The config path refuses it in training.validate; a notebook's compile must too.
+    keras.utils.set_random_seed(0)
+    g, d = architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=LATENT,
+                               g_channels=(8, 4, 4), d_channels=(4, 4))
+    model = gan.GAN(g, d, LATENT)
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    with pytest.raises(errors.ConfigError, match="grad_nan_to_num=True cannot run with a "
+                                                 "LossScaleOptimizer"):
+        model.compile(g_optimizer=scaled, d_optimizer="sgd", grad_nan_to_num=True)
+    model.compile(g_optimizer=scaled, d_optimizer="sgd")
 
 def test_packed_gradients_are_all_reduced_last_layers_first(mirrored2, monkeypatch):
     # grad_pack_bytes issues the collectives in REVERSE variable order (backprop makes

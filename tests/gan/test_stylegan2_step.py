@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_in_process
-from tf_gan_scale import configs, data, errors, latents, training
+from tf_gan_scale import configs, data, errors, latents, replica, training
 from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.gan import StepConfig
 from tf_gan_scale.gan import ema as ema_lib
@@ -160,10 +160,19 @@ def test_path_length_gradient_is_the_official_non_detached_one(one_device):
     del gan_step._phase_update
 
 
-def test_float16_blocks_train_with_clean_gradients(one_device):
+def test_float16_blocks_train_with_clean_gradients(one_device, monkeypatch):
     """The presets' mixed precision (float16 in the top resolutions, conv clamp 256, no
-    loss scaling, grad_nan_to_num) through both phases: finite losses and weights, and
-    the step moved every weight the float32 run moves."""
+    loss scaling, grad_nan_to_num) through both phases: finite losses and weights, the
+    step moved the weights, and every one of the four updates (D, Dreg, G, Greg) cleaned
+    its gradients."""
+    cleaned = []
+    apply = replica.apply_global_gradients
+
+    def recording(*args, **kwargs):  # Runs when the step is traced: once per update.
+        cleaned.append(kwargs.get("nan_to_num"))
+        return apply(*args, **kwargs)
+
+    monkeypatch.setattr(replica, "apply_global_gradients", recording)
     config = tiny_config(grad_nan_to_num=True)
     config.model.num_fp16_res, config.model.conv_clamp = 2, 256.0
     source = digits16()
@@ -173,6 +182,12 @@ def test_float16_blocks_train_with_clean_gradients(one_device):
     convs = stylegan2.parts(half.generator)[1].convs  # 16x16: float16 from 8x8 up.
     assert [c.name for c in convs if c.compute_dtype == "float16"] == [
         c.name for c in convs if c.name != "b4_conv1"]
+    # Kernels are read in float32 (autocast off): the official code scales (G: pre-
+    # normalizes, D: multiplies by the gain) in float32 and only then casts to half.
+    half_layers = [layer for net in (half.generator, half.discriminator)
+                   for layer in net._flatten_layers() if layer.compute_dtype == "float16"
+                   and getattr(layer, "kernel", None) is not None]
+    assert len(half_layers) > 6 and not any(l.kernel._autocast for l in half_layers)
     before = [v.numpy() for v in half.generator.trainable_weights]
     history = fit(half, source, one_device, 2)  # Step 0 runs Dreg and Greg too.
     assert np.all(np.isfinite(history["g_loss"])) and np.all(np.isfinite(history["d_loss"]))
@@ -181,6 +196,7 @@ def test_float16_blocks_train_with_clean_gradients(one_device):
     assert float(half.pl_mean.numpy()) > 0
     moved = [not np.array_equal(a, v.numpy()) for a, v in zip(before, after)]
     assert np.mean(moved) > 0.9
+    assert len(cleaned) >= 4 and all(c is True for c in cleaned), cleaned
 
 
 def test_gradient_cleaning_refuses_loss_scaling():

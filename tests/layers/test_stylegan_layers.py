@@ -290,3 +290,16 @@ def test_float16_layer_reads_float32_variables_and_styles():
     ref.build(x.shape)
     ref.set_weights(layer.get_weights())
     np.testing.assert_allclose(y.numpy().astype(np.float32), ref(x, w).numpy(), atol=2e-2)
+    # w reaches the float32 affine unrounded (Keras would cast a float16 layer's float
+    # arguments to half), and the float32 variables are not read through half copies.
+    seen = []
+    call = layer.call
+    layer.call = lambda x, w, noise=None: (seen.append(w.dtype), call(x, w, noise))[1]
+    layer(x, w)
+    assert seen == [tf.float32]
+    assert not any(v._autocast for v in (layer.kernel, layer.noise_strength,
+                                          layer.noise_const))
+    for cls in (sg.SynthesisLayer, sg.ToRGB, sg.EqualizedConv2D):
+        kwargs = {"w_dim": 8, "resolution": 8} if cls is sg.SynthesisLayer else (
+            {"w_dim": 8} if cls is sg.ToRGB else {"kernel_size": 3})
+        assert cls(3, conv_clamp=0, **kwargs).conv_clamp is None  # 0: no clamp.

@@ -100,7 +100,8 @@ BAD = [
      "splits two dimensions over the same axis"),
     ([MESH, "--config.train.lecam_weight=0.1"], "not supported on a mesh yet: "
                                                 "config.train.lecam_weight=0.1"),
-    ([MESH, "--config.train.g_optimizer.name=adamw"], "optimizer AdamW"),
+    ([MESH, "--config.train.precision=mixed_bfloat16"],
+     "config.train.precision='mixed_bfloat16'"),
     # TF_CONFIG names a cluster: this process joins it as a DTensor client, and the
     # cluster must be sound before anything starts.
     ([MESH, "--config.train.num_steps=1"], "bad DTensor cluster"),

@@ -107,6 +107,21 @@ def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
         step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
 
 
+def test_float16_style_blocks_are_refused_on_a_mesh():
+    # The presets' per-block float16 is mixed precision; the config check (before any
+    # data is read) names it among the settings the mesh cannot run yet (R1 is another).
+    from tf_gan_scale import configs, errors
+    from tf_gan_scale.training import mesh_runner
+    config = configs.stylegan2("cifar")
+    with pytest.raises(errors.ConfigError, match="not supported on a mesh yet: ") as e:
+        mesh_runner.check_config(config)
+    assert "config.model.num_fp16_res=4" in str(e.value)
+    config.model.num_fp16_res = 0
+    with pytest.raises(errors.ConfigError) as e:
+        mesh_runner.check_config(config)
+    assert "num_fp16_res" not in str(e.value)
+
+
 def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():
     # SNGAN's residual D pools with AveragePooling2D, whose gradient DTensor cannot
     # expand ("tf.AvgPoolGrad op does not implement layout propagation" in the first D

@@ -189,7 +189,7 @@ class SynthesisNetwork(keras.layers.Layer):
         super().__init__(**kwargs)
         self.resolution, self.img_channels = int(resolution), int(img_channels)
         self.w_dim, self.fmaps, self.channel_max = int(w_dim), float(fmaps), int(channel_max)
-        self.conv_clamp = None if conv_clamp is None else float(conv_clamp)
+        self.conv_clamp = float(conv_clamp) if conv_clamp else None  # 0: no clamp
         self.seed, self.num_fp16_res = int(seed), int(num_fp16_res)
         self.block_res = [2 ** i for i in range(2, int(math.log2(self.resolution)) + 1)]
         ch = lambda r: channels(r, self.fmaps, self.channel_max)  # noqa: E731

@@ -15,6 +15,7 @@ is step_function.py. The step counter is `g_optimizer.iterations`.
 import keras
 import tensorflow as tf
 
+from tf_gan_scale import errors
 from tf_gan_scale.architectures import calls
 from tf_gan_scale.gan import checks, step_function
 from tf_gan_scale.gan import ema as ema_lib
@@ -146,6 +147,15 @@ class GAN(keras.Model):
         self.xla = config.xla and not tpu
         self.g_optimizer = keras.optimizers.get(g_optimizer)
         self.d_optimizer = keras.optimizers.get(d_optimizer)
+        if config.grad_nan_to_num and any(
+                isinstance(o, keras.optimizers.LossScaleOptimizer)
+                for o in (self.g_optimizer, self.d_optimizer)):
+            # Cleaned gradients would hide from the loss scaler the overflows that steer it
+            # (training/prepare.py says the same for the config path, before building).
+            raise errors.ConfigError(
+                "config.train.grad_nan_to_num=True cannot run with a LossScaleOptimizer "
+                "(its loss scaling needs to see overflows); valid: plain optimizers with "
+                "float16 blocks (config.model.num_fp16_res), or grad_nan_to_num=False")
         # Keras' compile left its default optimizer (an unused, unbuilt RMSprop) in
         # `self.optimizer`, which callbacks read (BackupAndRestore builds it, outside the
         # strategy scope, and fails). The step counter is G's optimizer: it stands in.

@@ -128,6 +128,11 @@ def normalize_2nd_moment(x, eps=1e-8):
     return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + eps)
 
 
+def _clamp(conv_clamp):
+    """None or 0 -> None (no clamp; 0 is how a command line says none), else a float."""
+    return float(conv_clamp) if conv_clamp else None
+
+
 def _check_act(activation):
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; "
@@ -207,21 +212,25 @@ class EqualizedConv2D(keras.layers.Layer):
         self.filters, self.kernel_size = int(filters), int(kernel_size)
         self.activation, self.down = _check_act(activation), int(down)
         self.use_bias, self.gain = use_bias, float(gain)
-        self.conv_clamp = None if conv_clamp is None else float(conv_clamp)
+        self.conv_clamp = _clamp(conv_clamp)
 
     def build(self, input_shape):
         fan_in = int(input_shape[-1]) * self.kernel_size ** 2
         k = self.kernel_size
         self.kernel = self.add_weight(name="kernel", shape=(k, k, int(input_shape[-1]),
                                                             self.filters),
-                                      initializer=keras.initializers.RandomNormal(stddev=1.0))
+                                      initializer=keras.initializers.RandomNormal(stddev=1.0),
+                                      autocast=False)
         self.bias = (self.add_weight(name="bias", shape=(self.filters,), initializer="zeros")
                      if self.use_bias else None)
         self.weight_gain = 1.0 / float(np.sqrt(fan_in))
 
     def call(self, x):
         x = tf.cast(x, self.compute_dtype)
-        y = conv2d_resample(x, self.kernel * self.weight_gain, down=self.down)
+        # Official Conv2dLayer: (W * gain) in float32, then cast to x's dtype (a float16
+        # block): the kernel is read raw (autocast off) so the gain is not applied in half.
+        y = conv2d_resample(x, tf.cast(self.kernel * self.weight_gain, x.dtype),
+                            down=self.down)
         clamp = None if self.conv_clamp is None else self.conv_clamp * self.gain
         return bias_act(y, self.bias, self.activation, self.gain, clamp)
 
@@ -299,9 +308,13 @@ class SynthesisLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self.filters, self.w_dim, self.resolution = int(filters), int(w_dim), int(resolution)
         self.kernel_size, self.up = int(kernel_size), int(up)
-        self.conv_clamp = None if conv_clamp is None else float(conv_clamp)
+        self.conv_clamp = _clamp(conv_clamp)
         self.layer_index, self.noise_seed = int(layer_index), int(noise_seed)
         self.affine = None  # EqualizedDense(I), made in build once I is known.
+        # Keras 3 casts every float argument of __call__ to the compute dtype: in a
+        # float16 block w (and noise) would reach the float32 affine already rounded to
+        # half. call() casts x itself, so the conversion is off.
+        self._convert_input_args = False
 
     def build(self, input_shape):
         in_ch, k, r = int(input_shape[-1]), self.kernel_size, self.resolution
@@ -314,13 +327,13 @@ class SynthesisLayer(keras.layers.Layer):
                                       initializer=keras.initializers.RandomNormal(stddev=1.0),
                                       autocast=False)
         self.noise_strength = self.add_weight(name="noise_strength", shape=(),
-                                              initializer="zeros")
+                                              initializer="zeros", autocast=False)
         self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer="zeros")
         rng = np.random.default_rng([self.noise_seed % 2 ** 32, self.layer_index])
         const = rng.standard_normal((r, r, 1)).astype(np.float32)
         self.noise_const = self.add_weight(name="noise_const", shape=(r, r, 1),
                                            initializer=lambda shape, dtype=None: const,
-                                           trainable=False)
+                                           trainable=False, autocast=False)
 
     def call(self, x, w, noise=None):
         x = tf.cast(x, self.compute_dtype)
@@ -351,8 +364,9 @@ class ToRGB(keras.layers.Layer):
     def __init__(self, channels, *, w_dim, conv_clamp=None, **kwargs):
         super().__init__(**kwargs)
         self.channels, self.w_dim = int(channels), int(w_dim)
-        self.conv_clamp = None if conv_clamp is None else float(conv_clamp)
+        self.conv_clamp = _clamp(conv_clamp)
         self.affine = None
+        self._convert_input_args = False  # w stays float32 (see SynthesisLayer)
 
     def build(self, input_shape):
         in_ch = int(input_shape[-1])

@@ -43,6 +43,8 @@ def check_config(config):
         bad.append(f"config.model.sync_bn={m.get('sync_bn', True)}")
     if m.get("sync_bn_group_size", 0):
         bad.append(f"config.model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}")
+    if m.get("num_fp16_res", 0):  # Per-block float16 (StyleGAN2) is mixed precision too.
+        bad.append(f"config.model.num_fp16_res={m.get('num_fp16_res', 0)}")
     if bad:
         raise errors.ConfigError(
             f"not supported on a mesh yet: {', '.join(bad)}; valid: float32, no XLA, "
