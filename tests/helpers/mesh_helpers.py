@@ -23,6 +23,16 @@ def config(arch, optimizer, d_steps=1, ema=False):
         c.data.source = "embedded:digits"
         c.model.latent_dim = 8
         c.model.g_channels, c.model.d_channels, c.model.d_norm = (16, 8, 4), (4, 8), "batch"
+    elif arch == "resnet":  # SNGAN: residual blocks, average pooling, spectral norm in D.
+        c.model = ml_collections.ConfigDict({
+            "name": "resnet", "latent_dim": 8, "g_channels": (8, 8), "d_channels": (8, 8, 8),
+            "d_downsample": 2, "sync_bn": True, "conditional": False})
+    elif arch == "biggan":  # Conditional: shared embedding, hierarchical z, conditional
+        # batch norm, self-attention at 8x8, spectral norm in G and D, projection D.
+        c.model = ml_collections.ConfigDict({
+            "name": "biggan", "latent_dim": 8, "conditional": True, "ch": 4,
+            "g_channels": (2, 2), "d_channels": (1, 2), "attention": 8, "shared_dim": 4,
+            "sync_bn": True})
     else:
         c.data.source = "toy:ring8"
         c.model = ml_collections.ConfigDict({
@@ -39,13 +49,25 @@ def config(arch, optimizer, d_steps=1, ema=False):
     if ema:  # A copy for 2 steps, then the decay ramping up over 3: the whole schedule.
         c.train.ema.decay, c.train.ema.start, c.train.ema.warmup = 0.8, 2, 3
     name, _, options = optimizer.partition(":")  # e.g. "sgd:momentum=0.9,nesterov=True"
-    lr = 0.1 if name == "sgd" else 1e-3
+    lr = {"dcgan": 0.1, "mlp": 0.1, "resnet": 0.05, "biggan": 0.01}[arch] if (
+        name == "sgd") else 1e-3
     opt = {"name": name, "learning_rate": lr}
     for item in filter(None, options.split(",")):
         key, value = item.split("=")
         opt[key] = eval(value)  # Test-only: literals.
     c.train.d_optimizer = c.train.g_optimizer = opt
     return c
+
+
+def data_of(arch):
+    """(shape, classes) of the data an arch trains on here (only the shape and classes
+    are used: the batches are random)."""
+    if arch == "biggan":
+        return (16, 16, 1), 4
+    if arch == "mlp":
+        from tf_gan_scale import data
+        return data.load("toy:ring8").shape, 0
+    return (8, 8, 1), 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,20 +78,20 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False):
     and none of them changes it (they copy its initial weights)."""
     import numpy as np
     import tensorflow as tf
-    from tf_gan_scale import data
     from tf_gan_scale import training
     c = config(arch, optimizer, d_steps, ema)
-    source = data.load(c.data.source)
-    ref = training.build_gan(c, source.shape, 0)
+    shape, classes = data_of(arch)
+    ref = training.build_gan(c, shape, classes)
     nets = [ref.generator, ref.discriminator] + ([ref.ema.model] if ema else [])
     init = [net.get_weights() for net in nets]
     rng = np.random.default_rng(0)
-    # d_steps real batches per GAN step.
-    batches = [[np.tanh(rng.standard_normal((GB, *source.shape))).astype(np.float32)
+    # d_steps (real, labels) batches per GAN step.
+    batches = [[(np.tanh(rng.standard_normal((GB, *shape))).astype(np.float32),
+                 rng.integers(0, max(classes, 1), GB).astype(np.int32))
                 for _ in range(d_steps)] for _ in range(steps)]
     ref_step = tf.function(ref.train_step)
     for xs in batches:
-        feed = [{"x": tf.constant(x), "label": tf.zeros([GB], tf.int32)} for x in xs]
+        feed = [{"x": tf.constant(x), "label": tf.constant(y)} for x, y in xs]
         out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
     return ref, init, batches, {k: float(v) for k, v in out.items()}
 
@@ -83,17 +105,15 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
     threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
     compares its weights ("ema_diff")."""
     import numpy as np
-    from tf_gan_scale import data
     from tf_gan_scale import training
     from tf_gan_scale.cluster import mesh_spec
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
     from tf_gan_scale.parallel import tensors
     ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema)
     c = config(arch, optimizer, d_steps, ema)
-    source = data.load(c.data.source)
     for opt in (c.train.d_optimizer, c.train.g_optimizer):
         opt.learning_rate *= lr_scale
-    mesh_gan = training.build_gan(c, source.shape, 0)
+    mesh_gan = training.build_gan(c, *data_of(arch))
     pairs = [(ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)]
     if ema:
         pairs.append((ref.ema.model, mesh_gan.ema.model))
@@ -109,7 +129,7 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
     split_convs = sum(1 for p, s in plan.items() if "conv" in p and any(s))
     trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
     for xs in batches:
-        d_loss, g_loss = trainer.train_step([trainer.batch(x) for x in xs])
+        d_loss, g_loss = trainer.train_step([trainer.batch(x, y) for x, y in xs])
     def gap(a_net, b_net):
         return max(float(np.abs(a.numpy().astype(np.float64)
                                 - tensors.gather(b).astype(np.float64)).max())
@@ -119,7 +139,8 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
     ema_diff = gap(*pairs[2]) if ema else None
     return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],
             "g_loss": [out["g_loss"], g_loss], "step": trainer.step,
-            "split_convs": split_convs, "ema_diff": ema_diff}
+            "split_convs": split_convs, "ema_diff": ema_diff,
+            "split": sorted(p for p, s in plan.items() if any(s))}
 
 
 if __name__ == "__main__":

@@ -96,8 +96,18 @@ def test_default_policy_splits_dense_and_embedding_weights_only():
 def test_embeddings_split_on_their_last_axis():
     g, d = biggan_conditional()
     plan = layouts.plan((g, d), MODEL2)
-    embeddings = [p for p in plan if "embedding" in p]
-    assert embeddings and all(plan[p] == (None, "model") for p in embeddings)
+    # D's projection embedding (one-hot -> spectrally normalized Dense [classes, C],
+    # BigGAN-PyTorch's SNEmbedding) splits; G's shared embedding and the conditional
+    # batch norm's gain / bias stay whole by default (layouts.KEEP_WHOLE: DTensor fails
+    # on the split), and an override still splits them.
+    projection = [layouts.weight_path(d, w) for w in d.weights
+                  if w.path.endswith("kernel") and len(w.shape) == 2 and w.shape[0] == 3]
+    assert len(projection) == 1 and plan[projection[0]] == (None, "model")
+    assert plan["generator/shared/embeddings"] == (None, None)
+    cbn = [p for p in plan if "conditional_batch_normalization" in p and "kernel" in p]
+    assert cbn and not any(any(plan[p]) for p in cbn)
+    forced = layouts.plan((g, d), MODEL2, overrides=[("shared/embeddings", "-,model")])
+    assert forced["generator/shared/embeddings"] == (None, "model")
     # Spectral-norm wrappers: the inner Dense's kernel follows the Dense rule; plan paths
     # carry the model's name also where Keras' nested paths do not.
     sn_dense = [p for p in plan

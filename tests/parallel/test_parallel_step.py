@@ -47,10 +47,39 @@ TOL = 1e-5
 def test_mesh_equals_one_device(spec, arch, optimizer, d_steps, convs):
     out = equivalence(spec, arch, optimizer, steps=10, d_steps=d_steps, convs=convs)
     assert out["split_convs"] == (4 if convs else 0)
-    assert out["step"] == 10
+    check(out, 10)
+
+
+def check(out, steps):
+    """The mesh run took `steps` steps to the one-device weights and losses."""
+    assert out["step"] == steps
     assert out["max_diff"] < TOL, out
     np.testing.assert_allclose(*out["d_loss"], rtol=1e-5)
     np.testing.assert_allclose(*out["g_loss"], rtol=1e-5)
+
+
+# The residual and conditional models (SNGAN; BigGAN with its shared embedding,
+# hierarchical z, conditional batch norm, self-attention, spectral norm in G and D and a
+# projection D): average pooling by strided slices, GlobalAveragePooling2D's output
+# constrained, embedding gradients made dense, G's shared embedding and cBN gain / bias
+# kept whole (layouts.KEEP_WHOLE). With every convolution the model axis divides split.
+RESIDUAL_CASES = [  # (mesh, arch, convs, split convolutions)
+    ("batch:1,model:2", "resnet", True, 14),
+    ("batch:2,model:1", "resnet", False, 0),
+    ("batch:1,model:2", "biggan", True, 12),
+    ("batch:2,model:1", "biggan", False, 0),
+]
+
+
+@pytest.mark.slow  # ~15-100 s each (BigGAN's tap convolutions trace slowly).
+@pytest.mark.parametrize("spec, arch, convs, split_convs", RESIDUAL_CASES)
+def test_residual_models_on_a_mesh_equal_one_device(spec, arch, convs, split_convs):
+    out = equivalence(spec, arch, "sgd", steps=10, convs=convs)
+    assert out["split_convs"] == split_convs
+    if arch == "biggan" and convs:  # G's shared embedding and cBN stay whole (KEEP_WHOLE).
+        assert not any("shared" in p or "conditional_batch" in p for p in out["split"]), out
+        assert sum(p.startswith("discriminator/") and "dense" in p for p in out["split"]) == 2
+    check(out, 10)
 
 
 @pytest.mark.slow
@@ -123,23 +152,47 @@ def test_float16_style_blocks_are_refused_on_a_mesh():
 
 
 def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():
-    # SNGAN's residual D pools with AveragePooling2D, whose gradient DTensor cannot
-    # expand ("tf.AvgPoolGrad op does not implement layout propagation" in the first D
-    # update): one line instead, before any weight is moved.
+    # Average pooling runs on a mesh as strided slices (DTensor cannot expand AvgPool's
+    # gradient, "tf.AvgPoolGrad op does not implement layout propagation"), which only
+    # "valid" windows allow: a "same" pool is one line instead, before any weight moves.
     import keras
 
     from tf_gan_scale import architectures, errors, gan as gan_lib
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
     g, d = architectures.build("resnet", data_shape=(8, 8, 1), latent_dim=4,
                                g_channels=(8, 8), d_channels=(8, 8, 8), d_downsample=2)
+    pools = [layer for layer in d._flatten_layers()
+             if isinstance(layer, keras.layers.AveragePooling2D)]
+    pools[0].padding = "same"
     model = gan_lib.GAN(g, d, latent_dim=4)
     model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD())
     dims = {"batch": 1, "model": 2}
     with pytest.raises(errors.ConfigError, match=r"not supported on a mesh yet: "
-                                                 r"AveragePooling2D in discriminator; "):
+                                                 r"AveragePooling2D with padding='same' in "
+                                                 r"discriminator; "):
         step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
     from tensorflow.experimental import dtensor
     assert not any(isinstance(w._value, dtensor.DVariable) for w in g.weights + d.weights)
+
+
+@pytest.mark.parametrize("pool, strides, shape", [(2, 2, (2, 8, 8, 3)), (3, 2, (1, 9, 7, 2)),
+                                                  ((2, 3), (1, 2), (2, 6, 9, 1))])
+def test_pooling_by_slices_is_keras_average_pooling(pool, strides, shape):
+    # Values and input gradients (the op DTensor cannot expand is the gradient).
+    import keras
+    import tensorflow as tf
+
+    from tf_gan_scale.parallel import conv
+    layer = keras.layers.AveragePooling2D(pool, strides)
+    x = tf.constant(np.random.default_rng(0).standard_normal(shape), tf.float32)
+    w = tf.constant(np.random.default_rng(1).standard_normal(layer(x).shape), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        want, got = layer(x), conv.avg_pool(x, layer.pool_size, layer.strides)
+        loss_want, loss_got = tf.reduce_sum(want * w), tf.reduce_sum(got * w)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6)
+    np.testing.assert_allclose(tape.gradient(loss_got, x).numpy(),
+                               tape.gradient(loss_want, x).numpy(), atol=1e-6)
 
 
 def test_adam_moments_are_split_like_their_weights():
@@ -192,6 +245,8 @@ FOUR_DEVICE_CASES = [  # (mesh, arch, optimizer, convs)
     # Split convolutions with examples split too (G's last, of 1 output channel, stays
     # replicated).
     ("batch:2,model:2", "dcgan", "sgd", True),
+    ("batch:2,model:2", "resnet", "sgd", True),
+    ("batch:2,model:2", "biggan", "sgd", True),
 ]
 
 
@@ -210,5 +265,5 @@ def four_device_runs():
 @pytest.mark.parametrize("case", FOUR_DEVICE_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_four_device_meshes_equal_one_device(four_device_runs, case):
     out = four_device_runs[case]
-    assert out["step"] == 10 and out["max_diff"] < TOL, out
-    assert out["split_convs"] == (4 if case[3] else 0)
+    check(out, 10)
+    assert out["split_convs"] == {"dcgan": 4, "resnet": 14, "biggan": 12}[case[1]] * case[3]

@@ -41,7 +41,11 @@ class Topology:
 
     `join(parts)` concatenates per-example tensors along examples ([real; fake]);
     `on(net)` is the device scope of network "g" or "d". Forward AND backward ops go where
-    they are created: each network's gradient is taken inside its own scope."""
+    they are created: each network's gradient is taken inside its own scope.
+    `sparse_updates`: whether an embedding's IndexedSlices gradient may reach the
+    optimizer as is (a scatter update of the rows it touched) or must be made dense."""
+
+    sparse_updates = True
 
     def join(self, parts):
         return tf.concat(parts, 0)
@@ -441,6 +445,9 @@ class GanStep:
     def apply(self, optimizer, grads, variables, riders):
         """`replica.apply_global_gradients` with this step's packing and gradient cleaning:
         every update of every phase goes through the one gradient reduction."""
+        if not self.topology.sparse_updates:  # The same update, written densely.
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
         return replica.apply_global_gradients(optimizer, grads, variables, riders,
                                               self.config.grad_pack_bytes,
                                               self.config.grad_nan_to_num)

@@ -1,4 +1,5 @@
-"""Convolutions whose filters are split over output channels on a DTensor mesh.
+"""Convolutions whose filters are split over output channels on a DTensor mesh, and
+average pooling DTensor can differentiate.
 
 DTensor runs Keras' Conv2D / Conv2DTranspose only with REPLICATED filters (its SPMD
 expansion of Conv2D and its backprop ops supports batch-split inputs only;
@@ -17,6 +18,12 @@ at output position (h*s + i - pad, w*s + j - pad).
 Costs: kh x kw einsums instead of one convolution kernel (slower per FLOP than cuDNN /
 oneDNN), and the whole input is needed by every device of a model row. It pays where the
 filters are large enough for their memory to matter (layouts.CONV_SPLIT_MIN_PARAMS).
+
+Average pooling: DTensor expands AvgPool but has no layout propagation for its gradient,
+AvgPoolGrad (SNGAN's and BigGAN's residual D blocks fail in their first D update). The
+same pooling as the mean of its window's strided slices needs only StridedSliceGrad,
+which DTensor has: `avg_pool`, installed on every AveragePooling2D of a model on a mesh
+(`use_slice_pool`), equal to Keras' up to float32 summation order.
 """
 
 import keras
@@ -137,5 +144,43 @@ def use_taps(layer, constrain_input=lambda x: x):
         if layer.use_bias:
             y = y + layer.bias
         return layer.activation(y) if layer.activation is not None else y
+
+    layer.call = call  # This instance only.
+
+
+def pool_unsupported(layer):
+    """Why `layer` (an AveragePooling2D) cannot pool by slices ("" when it can)."""
+    bad = []
+    if layer.data_format != "channels_last":
+        bad.append(f"data_format={layer.data_format!r}")
+    if layer.padding != "valid":  # "same" divides edge windows by fewer values.
+        bad.append(f"padding={layer.padding!r}")
+    return ", ".join(bad)
+
+
+def avg_pool(x, pool_size, strides):
+    """Keras' AveragePooling2D (padding "valid", channels_last) as the mean of the
+    pool's ph x pw strided slices.
+
+    Args:
+        x: [B, H, W, C] (static H, W). pool_size: (ph, pw). strides: (sh, sw).
+    Returns:
+        [B, (H - ph) // sh + 1, (W - pw) // sw + 1, C].
+    """
+    (ph, pw), (sh, sw) = pool_size, strides
+    ho = (int(x.shape[1]) - ph) // sh + 1
+    wo = (int(x.shape[2]) - pw) // sw + 1
+    y = None
+    for i in range(ph):
+        for j in range(pw):
+            part = x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
+            y = part if y is None else y + part
+    return y * (1.0 / (ph * pw))
+
+
+def use_slice_pool(layer):
+    """Makes this instance of an AveragePooling2D pool by slices (`avg_pool`)."""
+    def call(inputs):
+        return avg_pool(inputs, tuple(layer.pool_size), tuple(layer.strides))
 
     layer.call = call  # This instance only.

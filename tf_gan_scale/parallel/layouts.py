@@ -15,6 +15,8 @@ registry for a new layer type), then overridden per weight path by regexes, as K
               Keras convolution only with replicated filters); the others split over
               examples only.
   everything else (biases, normalization, spectral-norm vectors, counters): replicated.
+  KEEP_WHOLE: weights replicated by default although their rule could split them (where
+              DTensor fails on the split).
 
 Overrides (config `parallel.layouts`): ((regex, "spec"), ...), "spec" like "-,model";
 the LAST override whose regex `re.search`es a weight's path wins. An override that
@@ -68,6 +70,23 @@ def _conv(layer, weight, model_size):
 # order: the first matching type decides.
 RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
          keras.layers.Conv2D: _conv, keras.layers.Conv2DTranspose: _conv}
+
+
+# Weights the default plan keeps whole although a rule above could split them, because
+# DTensor fails on the split (probed on BigGAN's G; an override can still split them, and
+# the docs quote the errors): ((path regex, why), ...), applied before the overrides.
+# - G's shared class embedding: its output is concatenated with a z chunk (e.g. 128 + 20
+#   = 148 or 131 features), and DTensor requires every split dimension to divide: "requires
+#   dimension 1 to be divisible by sharding ... size=131".
+# - the conditional batch norm's gain / bias Dense layers (one per G block, fed by that
+#   concatenation): "output layout of Relayout op after layout propagation does not match
+#   layout specified by Relayout op" in G's gradient.
+# Both are small next to the convolutions (BigGAN-128: 148 x 1536 per cBN Dense).
+KEEP_WHOLE = (
+    (r"^generator/shared/embeddings$", "BigGAN G's shared class embedding"),
+    (r"^generator/.*conditional_batch_normalization[^/]*/", "conditional batch norm's "
+                                                           "gain and bias"),
+)
 
 
 def parse_spec(text, path=None):
@@ -132,6 +151,10 @@ def plan(models, dims, overrides=()):
             if isinstance(layer, CONSTRAIN_INPUT):
                 kernels[weight_path(model, layer.kernel)] = layer
     out = {path: spec or (None,) * len(w.shape) for path, (w, spec) in weights.items()}
+    for pattern, _ in KEEP_WHOLE:
+        for path in out:
+            if re.search(pattern, path):
+                out[path] = (None,) * len(out[path])
     for pattern, text in overrides:
         hits = [p for p in out if re.search(pattern, p)]
         if not hits:
@@ -200,7 +223,11 @@ def _check(path, shape, spec, dims, layer=None):
 # - inputs of convolutions: D's input [real; fake] is a concatenation of two batch-split
 #   tensors along the split axis, and a convolution on it fails SPMD expansion ("output
 #   inconsistent with the provided layout") unless it is relaid out first.
-CONSTRAIN_OUTPUT = (keras.layers.Reshape, keras.layers.Flatten)
+# - outputs of GlobalAveragePooling2D: a row-parallel Dense after it (SNGAN's and BigGAN's
+#   D heads) pushes its "model" split back into the 4-D activations ("SPMD expansion
+#   resulted in op output inconsistent with the provided layout").
+CONSTRAIN_OUTPUT = (keras.layers.Reshape, keras.layers.Flatten,
+                    keras.layers.GlobalAveragePooling2D)
 CONSTRAIN_INPUT = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
                    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
                    keras.layers.Conv3DTranspose)
@@ -229,7 +256,8 @@ def shard(models, mesh, weight_plan):
     becomes a `dtensor.DVariable` (docs/notes/dtensor.md: Keras 3 ignores `layout=` on
     TensorFlow, so the backing variable is swapped). Reshape / Flatten outputs
     and convolution inputs are constrained to split over examples only (CONSTRAIN_OUTPUT,
-    CONSTRAIN_INPUT); convolutions with split kernels compute by taps (conv.use_taps).
+    CONSTRAIN_INPUT); convolutions with split kernels compute by taps (conv.use_taps);
+    average pooling by strided slices (conv.use_slice_pool).
     Optimizers must be built after this.
     """
     for model in models:
@@ -244,5 +272,7 @@ def shard(models, mesh, weight_plan):
                 conv.use_taps(layer, lambda x: tensors.by_example(x, mesh))
             elif isinstance(layer, CONSTRAIN_INPUT):
                 _constrain(layer, mesh, "input")
+            elif isinstance(layer, keras.layers.AveragePooling2D):
+                conv.use_slice_pool(layer)  # MeshTrainer refused the ones it cannot.
 
 

@@ -26,13 +26,17 @@ from tensorflow.experimental import dtensor
 from tf_gan_scale import data, errors
 from tf_gan_scale.architectures.calls import generate
 from tf_gan_scale.gan import Topology
-from tf_gan_scale.parallel import layouts, tensors
+from tf_gan_scale.parallel import conv, layouts, tensors
 
 
 class MeshTopology(Topology):
     """The step on a DTensor mesh: [real; fake] is joined as a stack and a reshape
     (`tensors.join_examples`: DTensor cannot concatenate along the split batch axis);
-    devices are the mesh's, so no network has a scope of its own."""
+    devices are the mesh's, so no network has a scope of its own. Embedding gradients
+    are made dense: DTensor has no layout propagation for the scatter update a Keras
+    optimizer makes of IndexedSlices (ResourceScatterSub), split embedding or not."""
+
+    sparse_updates = False
 
     def join(self, parts):
         return tensors.join_examples(parts)
@@ -79,21 +83,18 @@ def place_optimizer(optimizer, mesh):
         v._value = dtensor.DVariable(value, trainable=v.trainable, name=v.name)
 
 
-# Layers whose ops DTensor cannot expand on a mesh (a ConfigError before anything runs,
-# not an error inside the first step): AveragePooling2D's gradient, AvgPoolGrad, has no
-# layout propagation (SNGAN's and BigGAN's residual D blocks).
-UNSUPPORTED_LAYERS = ("AveragePooling2D",)
-
-
 def _unsupported_layers(models):
-    """["AveragePooling2D in discriminator", ...] for the layers of `models` a mesh cannot
-    run."""
+    """["AveragePooling2D with padding='same' in discriminator", ...] for the layers of
+    `models` a mesh cannot run: a ConfigError before anything runs, not an error inside
+    the first step. Average pooling runs by strided slices (conv.avg_pool; DTensor cannot
+    expand AvgPool's own gradient), which "valid" windows only allow."""
     found = []
     for model in models:
-        kinds = sorted({type(layer).__name__ for layer in
-                        model._flatten_layers(include_self=False, recursive=True)
-                        if type(layer).__name__ in UNSUPPORTED_LAYERS})
-        found += [f"{kind} in {model.name}" for kind in kinds]
+        whys = sorted({f"{type(layer).__name__} with {conv.pool_unsupported(layer)}"
+                       for layer in model._flatten_layers(include_self=False, recursive=True)
+                       if isinstance(layer, keras.layers.AveragePooling2D)
+                       and conv.pool_unsupported(layer)})
+        found += [f"{why} in {model.name}" for why in whys]
     return found
 
 
@@ -121,7 +122,7 @@ class MeshTrainer:
 
     Not yet on a mesh (a ConfigError, not a silently different run): the step knobs
     StepConfig marks (`unsupported("mesh")`), mixed_float16 loss scaling, Keras'
-    gradient_accumulation_steps, and the layers of UNSUPPORTED_LAYERS.
+    gradient_accumulation_steps, and average pooling with "same" padding.
     """
 
     def __init__(self, gan, mesh, weight_plan):
