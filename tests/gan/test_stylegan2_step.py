@@ -4,6 +4,7 @@ mixing, w_avg, the kimg EMA, the lazy optimizer adjustment, the presets and bad 
 N replicas = one device for all of it together is the "stylegan2" case of
 tests/helpers/equivalence_run.py (tests/integration/test_equivalence.py)."""
 
+import inspect
 import math
 
 import keras
@@ -169,7 +170,8 @@ def test_float16_blocks_train_with_clean_gradients(one_device, monkeypatch):
     apply = replica.apply_global_gradients
 
     def recording(*args, **kwargs):  # Runs when the step is traced: once per update.
-        cleaned.append(kwargs.get("nan_to_num"))
+        bound = inspect.signature(apply).bind(*args, **kwargs)
+        cleaned.append(bound.arguments.get("nan_to_num"))
         return apply(*args, **kwargs)
 
     monkeypatch.setattr(replica, "apply_global_gradients", recording)
