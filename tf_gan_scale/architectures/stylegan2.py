@@ -37,8 +37,8 @@ import tensorflow as tf
 
 from tf_gan_scale import errors, latents
 from tf_gan_scale.layers.stylegan import (EqualizedConv2D, EqualizedDense, MinibatchStd,
-                                          SynthesisLayer, ToRGB, check_mbstd, layer_noise,
-                                          normalize_2nd_moment, upsample2d)
+                                          SynthesisLayer, ToRGB, check_mbstd, conv_clamp_value,
+                                          layer_noise, normalize_2nd_moment, upsample2d)
 from tf_gan_scale.precision import OUTPUT
 
 
@@ -189,7 +189,7 @@ class SynthesisNetwork(keras.layers.Layer):
         super().__init__(**kwargs)
         self.resolution, self.img_channels = int(resolution), int(img_channels)
         self.w_dim, self.fmaps, self.channel_max = int(w_dim), float(fmaps), int(channel_max)
-        self.conv_clamp = float(conv_clamp) if conv_clamp else None  # 0: no clamp
+        self.conv_clamp = conv_clamp_value(conv_clamp)
         self.seed, self.num_fp16_res = int(seed), int(num_fp16_res)
         self.block_res = [2 ** i for i in range(2, int(math.log2(self.resolution)) + 1)]
         ch = lambda r: channels(r, self.fmaps, self.channel_max)  # noqa: E731
@@ -375,7 +375,6 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
         raise errors.ConfigError(f"stylegan2 num_fp16_res must be an integer >= 0 (the "
                                  f"official presets: 4); Received: num_fp16_res="
                                  f"{num_fp16_res!r}")
-    conv_clamp = float(conv_clamp) if conv_clamp else None  # 0: a command line's None.
     res, img_channels = data_shape[0], data_shape[2]
     ch = lambda r: channels(r, fmaps, channel_max)  # noqa: E731
     conditional = num_classes > 0

@@ -128,7 +128,7 @@ def normalize_2nd_moment(x, eps=1e-8):
     return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + eps)
 
 
-def _clamp(conv_clamp):
+def conv_clamp_value(conv_clamp):
     """None or 0 -> None (no clamp; 0 is how a command line says none), else a float."""
     return float(conv_clamp) if conv_clamp else None
 
@@ -212,7 +212,7 @@ class EqualizedConv2D(keras.layers.Layer):
         self.filters, self.kernel_size = int(filters), int(kernel_size)
         self.activation, self.down = _check_act(activation), int(down)
         self.use_bias, self.gain = use_bias, float(gain)
-        self.conv_clamp = _clamp(conv_clamp)
+        self.conv_clamp = conv_clamp_value(conv_clamp)
 
     def build(self, input_shape):
         fan_in = int(input_shape[-1]) * self.kernel_size ** 2
@@ -275,8 +275,8 @@ def modulated_conv2d(x, weight, styles, *, demodulate=True, up=1, noise=None):
     x = conv2d_resample(x, tf.cast(weight, x.dtype), up=up)
     if demodulate:
         # sum_{i,kh,kw} (W[kh,kw,i,o] s_i)^2 = (s^2) @ sum_{kh,kw} W^2 : [B, O].
-        w2 = tf.reduce_sum(tf.square(tf.cast(weight, tf.float32)), axis=[0, 1])  # [I, O]
-        s2 = tf.square(tf.cast(styles, tf.float32))
+        w2 = tf.reduce_sum(tf.square(weight), axis=[0, 1])  # [I, O], float32
+        s2 = tf.square(styles)
         d = tf.math.rsqrt(tf.matmul(s2, w2) + 1e-8)
         x = x * tf.cast(d[:, None, None, :], x.dtype)
     if noise is not None:
@@ -308,7 +308,7 @@ class SynthesisLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self.filters, self.w_dim, self.resolution = int(filters), int(w_dim), int(resolution)
         self.kernel_size, self.up = int(kernel_size), int(up)
-        self.conv_clamp = _clamp(conv_clamp)
+        self.conv_clamp = conv_clamp_value(conv_clamp)
         self.layer_index, self.noise_seed = int(layer_index), int(noise_seed)
         self.affine = None  # EqualizedDense(I), made in build once I is known.
         # Keras 3 casts every float argument of __call__ to the compute dtype: in a
@@ -364,7 +364,7 @@ class ToRGB(keras.layers.Layer):
     def __init__(self, channels, *, w_dim, conv_clamp=None, **kwargs):
         super().__init__(**kwargs)
         self.channels, self.w_dim = int(channels), int(w_dim)
-        self.conv_clamp = _clamp(conv_clamp)
+        self.conv_clamp = conv_clamp_value(conv_clamp)
         self.affine = None
         self._convert_input_args = False  # w stays float32 (see SynthesisLayer)
 

@@ -74,7 +74,7 @@ RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
 
 # Weights the default plan keeps whole although a rule above could split them, because
 # DTensor fails on the split (probed on BigGAN's G; an override can still split them, and
-# the docs quote the errors): ((path regex, why), ...), applied before the overrides.
+# the docs quote the errors): path regexes, applied before the overrides.
 # - G's shared class embedding: its output is concatenated with a z chunk (e.g. 128 + 20
 #   = 148 or 131 features), and DTensor requires every split dimension to divide: "requires
 #   dimension 1 to be divisible by sharding ... size=131".
@@ -82,11 +82,8 @@ RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
 #   concatenation): "output layout of Relayout op after layout propagation does not match
 #   layout specified by Relayout op" in G's gradient.
 # Both are small next to the convolutions (BigGAN-128: 148 x 1536 per cBN Dense).
-KEEP_WHOLE = (
-    (r"^generator/shared/embeddings$", "BigGAN G's shared class embedding"),
-    (r"^generator/.*conditional_batch_normalization[^/]*/", "conditional batch norm's "
-                                                           "gain and bias"),
-)
+KEEP_WHOLE = (r"^generator/shared/embeddings$",
+              r"^generator/.*conditional_batch_normalization[^/]*/")
 
 
 def parse_spec(text, path=None):
@@ -151,7 +148,7 @@ def plan(models, dims, overrides=()):
             if isinstance(layer, CONSTRAIN_INPUT):
                 kernels[weight_path(model, layer.kernel)] = layer
     out = {path: spec or (None,) * len(w.shape) for path, (w, spec) in weights.items()}
-    for pattern, _ in KEEP_WHOLE:
+    for pattern in KEEP_WHOLE:
         for path in out:
             if re.search(pattern, path):
                 out[path] = (None,) * len(out[path])
