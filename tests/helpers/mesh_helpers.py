@@ -1,7 +1,7 @@
 """One device vs a DTensor mesh: the same GAN, seed and global batches, max weight gap.
 
 Run in-process (the suite's 2 logical CPUs) or as a script for other device counts:
-    python tests/helpers/mesh_helpers.py DEVICES '[[MESH, ARCH, OPTIMIZER, STEPS, CONVS], ...]'
+    python tests/helpers/mesh_helpers.py DEVICES '[[MESH, ARCH, OPTIMIZER, STEPS, CONVS(, TRAIN)], ...]'
 prints one JSON line per case, {"max_diff": ..., "d_loss": [ref, mesh], ...}: several
 cases in one process (one TensorFlow start), and cases of the same GAN share one
 one-device reference run (`reference`).
@@ -15,7 +15,7 @@ import sys
 GB = 8
 
 
-def config(arch, optimizer, d_steps=1, ema=False):
+def config(arch, optimizer, d_steps=1, ema=False, train=()):
     import ml_collections
     from tf_gan_scale import configs
     c = configs.base()
@@ -56,6 +56,8 @@ def config(arch, optimizer, d_steps=1, ema=False):
         key, value = item.split("=")
         opt[key] = eval(value)  # Test-only: literals.
     c.train.d_optimizer = c.train.g_optimizer = opt
+    for key, value in train:  # e.g. (("penalty", "wgan_gp"), ("penalty_weight", 1.0))
+        c.train[key] = value
     return c
 
 
@@ -71,7 +73,7 @@ def data_of(arch):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(arch, optimizer, steps, d_steps=1, ema=False):
+def reference(arch, optimizer, steps, d_steps=1, ema=False, train=()):
     """The one-device run (GAN.train_step) of a config: (the trained GAN, the initial
     weights of [G, D(, EMA G)], the batches it saw: steps x d_steps arrays [GB, *shape],
     the last step's logs). Cached: mesh cases of the same GAN compare against one run,
@@ -79,7 +81,7 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False):
     import numpy as np
     import tensorflow as tf
     from tf_gan_scale import training
-    c = config(arch, optimizer, d_steps, ema)
+    c = config(arch, optimizer, d_steps, ema, train)
     shape, classes = data_of(arch)
     ref = training.build_gan(c, shape, classes)
     nets = [ref.generator, ref.discriminator] + ([ref.ema.model] if ema else [])
@@ -97,20 +99,22 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False):
 
 
 def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
-                d_steps=1, convs=False, ema=False):
+                d_steps=1, convs=False, ema=False, train=()):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
     lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
     convs=True splits every convolution the model axis divides (the policy's size
     threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
-    compares its weights ("ema_diff")."""
+    compares its weights ("ema_diff"); train: ((config.train key, value), ...) for both
+    runs (a penalty, LeCam, accumulation)."""
     import numpy as np
     from tf_gan_scale import training
     from tf_gan_scale.cluster import mesh_spec
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
     from tf_gan_scale.parallel import tensors
-    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema)
-    c = config(arch, optimizer, d_steps, ema)
+    train = tuple(map(tuple, train))
+    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema, train)
+    c = config(arch, optimizer, d_steps, ema, train)
     for opt in (c.train.d_optimizer, c.train.g_optimizer):
         opt.learning_rate *= lr_scale
     mesh_gan = training.build_gan(c, *data_of(arch))
@@ -149,7 +153,8 @@ if __name__ == "__main__":
     from tf_gan_scale import distribute
     distribute.configure_cpu_devices(int(sys.argv[1]))
     from tf_gan_scale import parallel
-    for spec, arch, optimizer, steps, convs in json.loads(sys.argv[2]):
-        out = equivalence(spec, arch, optimizer, steps, convs=convs)
+    for spec, arch, optimizer, steps, convs, *train in json.loads(sys.argv[2]):
+        out = equivalence(spec, arch, optimizer, steps, convs=convs,
+                          train=train[0] if train else ())
         out["combine"] = os.environ[parallel.COMBINE_VAR] == "1"
         print(json.dumps(out), flush=True)

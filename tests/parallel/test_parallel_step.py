@@ -82,6 +82,27 @@ def test_residual_models_on_a_mesh_equal_one_device(spec, arch, convs, split_con
     check(out, 10)
 
 
+# What the data-parallel step adds to the loss and the update, on the mesh: a penalty
+# (double backprop through D's spectral norm: layers.SpectralNormalization has no cond),
+# a lazy one (its schedule decided on the host: DTensor cannot run the cond), LeCam's
+# anchors (replicated state), accumulation (strided micro-batches of a batch-split
+# tensor; G's batch norm makes a skipped micro-batching visible).
+R1_LAZY = (("penalty", "r1"), ("penalty_weight", 1.0), ("penalty_every", 2))
+REGULARIZED_CASES = [  # (mesh, arch, convs, config.train settings)
+    ("batch:1,model:2", "resnet", True, (("penalty", "wgan_gp"), ("penalty_weight", 1.0))),
+    ("batch:2,model:1", "resnet", False, R1_LAZY),
+    ("batch:1,model:2", "biggan", True, (("lecam_weight", 0.1),)),
+    ("batch:2,model:1", "resnet", False, (("accumulation_steps", 4),)),
+]
+
+
+@pytest.mark.slow  # ~20-100 s each.
+@pytest.mark.parametrize("spec, arch, convs, train", REGULARIZED_CASES,
+                         ids=lambda c: c if isinstance(c, str) else None)
+def test_regularized_steps_on_a_mesh_equal_one_device(spec, arch, convs, train):
+    check(equivalence(spec, arch, "sgd", steps=10, convs=convs, train=train), 10)
+
+
 @pytest.mark.slow
 def test_the_ema_generator_on_a_mesh_equals_one_device():
     # decay 0.8 after a 2-step copy, ramped over 3 steps (mesh_helpers.config): the EMA
@@ -117,9 +138,8 @@ def test_the_combining_pass_brings_the_stale_read_back():
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"accumulation_steps": 2}, "config.train.accumulation_steps=2"),
-    ({"penalty": "r1", "penalty_weight": 1.0}, "config.train.penalty='r1'"),
-    ({"lecam_weight": 0.1}, "config.train.lecam_weight=0.1"),
+    ({"jit_compile": True}, "config.train.jit_compile=True"),
+    ({"grad_nan_to_num": True}, "config.train.grad_nan_to_num=True"),
 ])
 def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
     import keras

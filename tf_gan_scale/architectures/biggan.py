@@ -40,7 +40,8 @@ networks, so the 64x64 default is none.) G starts at 4x4, so any other square si
 H = 4 * 2**k works with g_channels of length k (d_channels then default to the reverse
 of g_channels, every block downsampling down to 4x4).
 
-Spectral norm is Keras' `keras.layers.SpectralNormalization` on every Conv2D and Dense
+Spectral norm is Keras' `keras.layers.SpectralNormalization` (as
+`layers.SpectralNormalization`, its zero-kernel guard a select) on every Conv2D and Dense
 (G and D by default, as BigGAN), including the layers inside cBN and SelfAttention.
 Its power-iteration vector `vector_u` is a non-trainable weight (saved in checkpoints),
 and its training-mode update reads only the kernel and `u`, never the batch, so every
@@ -72,8 +73,8 @@ import keras
 
 from tf_gan_scale import errors
 from tf_gan_scale.architectures.resnet import d_block
-from tf_gan_scale.layers import (ConditionalBatchNormalization, SelfAttention, Split,
-                                 SyncBatchNormalization)
+from tf_gan_scale.layers import (ConditionalBatchNormalization, SelfAttention,
+                                 SpectralNormalization, Split, SyncBatchNormalization)
 from tf_gan_scale.precision import OUTPUT
 
 # Resolution -> multipliers and defaults, from BigGAN-PyTorch's G_arch / D_arch (out_channels).
@@ -113,7 +114,7 @@ class _Builder:
         if not self.sn:
             return layer
         # The wrapper computes in its layer's policy (a float32 logit layer stays float32).
-        return keras.layers.SpectralNormalization(layer, power_iterations=self.power_iterations,
+        return SpectralNormalization(layer, power_iterations=self.power_iterations,
                                                   dtype=layer.dtype_policy)
 
     def conv(self, filters, k, use_bias=True):

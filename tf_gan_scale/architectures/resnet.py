@@ -17,8 +17,9 @@ are plain Functional models of Keras layers (get_config round trips; nothing cus
 Distributed behaviour (one device = N replicas):
   * every batch norm is cross-replica (`layers.make_norm`, i.e. SyncBatchNormalization)
     unless sync_bn=False;
-  * spectral norm is Keras' own `keras.layers.SpectralNormalization`, kept because it is
-    right under replicas: its power-iteration vector `vector_u` is a non-trainable
+  * spectral norm is Keras' `keras.layers.SpectralNormalization` (as
+    `layers.SpectralNormalization`: the same arithmetic with its zero-kernel guard as a
+    select, which a DTensor mesh can run), kept because it is right under replicas: its power-iteration vector `vector_u` is a non-trainable
     variable (in `non_trainable_weights`, so checkpoints and `.weights.h5` hold it), and
     the training-mode update reads only the kernel and `u`, never the batch, so every
     replica computes bit-identical `u` and kernel; a GAN trained with it matches one
@@ -34,6 +35,7 @@ import keras
 
 from tf_gan_scale import errors
 from tf_gan_scale.layers import make_norm
+from tf_gan_scale.layers.spectral_norm import SpectralNormalization
 from tf_gan_scale.precision import OUTPUT
 
 
@@ -41,7 +43,7 @@ def _sn(layer, enabled, power_iterations):
     if not enabled:
         return layer
     # The wrapper computes in its layer's policy (a float32 logit layer stays float32).
-    return keras.layers.SpectralNormalization(layer, power_iterations=power_iterations,
+    return SpectralNormalization(layer, power_iterations=power_iterations,
                                               dtype=layer.dtype_policy)
 
 

@@ -233,10 +233,20 @@ class GanStep:
             return [slice(None)]
         return [slice(j, None, k) for j in range(k)]
 
-    def penalty(self, real, fake, labels, rows, step, k):
+    def penalty_due(self, step, k):
+        """Whether D update k of step `step` carries a lazy penalty (penalty_every = e:
+        every e-th D update, counted over all steps): a bool tensor for a step tensor, a
+        Python bool for a Python int."""
+        update = step * self.config.d_steps + k
+        return update % self.config.penalty_every == 0
+
+    def penalty(self, real, fake, labels, rows, step, k, due=None):
         """penalty_weight x the per-example penalty [B] (penalties.py) on what D saw; with
         penalty_every = e > 1 only in every e-th D update, times e (lazy regularization).
-        A conditional D is evaluated with the real labels."""
+        A conditional D is evaluated with the real labels. `due`: None (decided in the
+        graph, a cond on the step) or the Python bool `penalty_due` gave the caller for
+        this update (an engine that cannot run the cond: a DTensor mesh has no layout
+        propagation for its OptionalFromValue)."""
         c = self.config
         noise = latents.rows_uniform(
             latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows, [])
@@ -250,19 +260,23 @@ class GanStep:
         e = c.penalty_every
         if e == 1:
             return compute(float(c.penalty_weight))
-        # D update number (0-based, all D updates so far): the same on every replica, so
-        # every replica takes the same branch (D has no batch norm: no collective inside).
-        update = tf.cast(step, tf.int64) * c.d_steps + k
-        return tf.cond(tf.equal(update % e, 0), lambda: compute(float(c.penalty_weight) * e),
+        if isinstance(due, bool):  # Decided by the caller: one traced step for each.
+            return compute(float(c.penalty_weight) * e) if due else tf.zeros(
+                tf.shape(real)[:1])
+        # The D update number is the same on every replica, so every replica takes the
+        # same branch (D has no batch norm: no collective inside).
+        return tf.cond(self.penalty_due(tf.cast(step, tf.int64), k),
+                       lambda: compute(float(c.penalty_weight) * e),
                        lambda: tf.zeros(tf.shape(real)[:1]))
 
     # ---- gradients -----------------------------------------------------------------------
 
-    def d_grads(self, real, real_labels, rows, gb, step, k):
+    def d_grads(self, real, real_labels, rows, gb, step, k, penalty_due=None):
         """D's local gradients on real rows [m, ...] (global rows `rows` [m], of a global
         batch of gb) and as many fakes, in D update k of the step: (grads, this replica's
         share of the global mean D loss, riders: [its shares of D's global mean real and
-        fake outputs] for LeCam, then [its sum of sign(D(real))] for ADA)."""
+        fake outputs] for LeCam, then [its sum of sign(D(real))] for ADA). penalty_due:
+        see `penalty`."""
         c = self.config
         b = tf.shape(real)[0]
         z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
@@ -286,7 +300,8 @@ class GanStep:
                 per_example += float(c.lecam_weight) * regularizers.lecam(
                     real_logits, fake_logits, self.lecam_anchors[0], self.lecam_anchors[1])
             if self.penalty_fn is not None and not c.lazy_phases:
-                per_example += self.penalty(x[:b], x[b:], real_labels, rows, step, k)
+                per_example += self.penalty(x[:b], x[b:], real_labels, rows, step, k,
+                                            penalty_due)
             # This replica's share of the global mean; the all-reduce sums the shares.
             share = replica.global_mean(per_example, gb)
             loss = self.d_optimizer.scale_loss(share)
@@ -345,7 +360,7 @@ class GanStep:
 
     # ---- updates -------------------------------------------------------------------------
 
-    def d_update(self, real, real_labels, step, k):
+    def d_update(self, real, real_labels, step, k, penalty_due=None):
         """One D update on this replica's real batch [B, ...] with labels [B].
 
         With accumulation_steps K > 1 the batch runs as K micro-batches of B/K rows
@@ -363,7 +378,7 @@ class GanStep:
         global gradients are finite (with a LossScaleOptimizer non-finite gradients
         skip the update instead: see `replica.apply_global_gradients`).
         """
-        b = tf.shape(real)[0]
+        b = batch_rows(real)
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
         if k == 0:  # Before this step's first augmentation.
@@ -372,7 +387,7 @@ class GanStep:
         with self.topology.on("d"):  # G's forward passes inside go to G's device.
             for part in self.micro_batches():
                 g, share, m = self.d_grads(real[part], real_labels[part], rows[part], gb,
-                                           step, k)
+                                           step, k, penalty_due)
                 grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
                 shares.append(share)
                 means = m if not means else [x + y for x, y in zip(means, m)]
@@ -576,13 +591,15 @@ class GanStep:
 
     # ---- the step ------------------------------------------------------------------------
 
-    def train(self, data):
+    def train(self, data, penalty_due=None):
         """One GAN step on this replica.
 
         Args:
             data: with d_steps == 1 a batch; otherwise a tuple of `d_steps` batches, one
                 real batch per D update (the step loop packs them). A batch is
                 {"x": [B, ...], "label": [B]}, an (x, y) tuple or a tensor.
+            penalty_due: None, or for a lazy penalty a Python bool per D update
+                (`penalty_due`), decided by the caller instead of in the graph.
 
         Returns:
             {"d_loss": scalar, "g_loss": scalar, NONFINITE: int32 scalar}: the GLOBAL
@@ -598,18 +615,19 @@ class GanStep:
         uneven = tf.constant(0.0)
         for k, batch in enumerate(batches):
             real, labels = unpack(batch, need_labels=bool(self.num_classes))
-            d_loss, finite, count = self.d_update(real, labels, step, k)
+            d_loss, finite, count = self.d_update(
+                real, labels, step, k, None if penalty_due is None else penalty_due[k])
             nonfinite = tf.where(finite, nonfinite, NONFINITE_D)
             # This replica's rows differ from an even share of the global count. The
             # single-worker pre-step check (`step_function`) stops that before the step;
             # across workers it is summed in G's all-reduce, so all agree.
-            even = tf.equal(count, tf.cast(replica.global_batch_size(tf.shape(real)[0]),
+            even = tf.equal(count, tf.cast(replica.global_batch_size(batch_rows(real)),
                                            tf.float32))
             uneven = tf.maximum(uneven, 1.0 - tf.cast(even, tf.float32))
             # Trackers hold global values on every replica: updating them is local, and
             # reading them in replica context (the step loop) needs no collective.
             self._record("d_loss", d_loss)
-        g_loss, finite, uneven = self.g_update(tf.shape(real)[0], step, uneven)
+        g_loss, finite, uneven = self.g_update(batch_rows(real), step, uneven)
         nonfinite = tf.where(tf.logical_or(finite, nonfinite > 0), nonfinite, NONFINITE_G)
         nonfinite = tf.where(uneven > 0, UNEVEN, nonfinite)
         # Finite gradients can still overflow a weight or a moving variance (a huge
@@ -674,6 +692,14 @@ class GanStep:
         d_mean.update_state(sums[0] / count, sample_weight=count)
         g_mean.update_state(sums[1] / count, sample_weight=count)
         return {"d_loss": d_mean.result(), "g_loss": g_mean.result(), "examples": n}
+
+
+def batch_rows(x):
+    """The rows of x [B, ...]: B as a Python int when the shape says it, else a tensor.
+    Static where it can be: a DTensor mesh cannot lay out `tf.range` of a size computed
+    at run time ("Shared RangeOp is not supported yet"), and the global rows of a batch
+    are such a range (`replica.global_rows`)."""
+    return x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
 
 
 def _global_sum(x):

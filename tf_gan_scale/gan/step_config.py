@@ -44,14 +44,14 @@ class StepConfig:
     jit_compile: Any = _knob(False, engines=("replicas",),
                              doc="compile the per-replica step with XLA: a bool or "
                                  "auto | true | false (auto: off)")
-    accumulation_steps: int = _knob(1, engines=("replicas", "placement"),
+    accumulation_steps: int = _knob(1, engines=ENGINES,
                                     doc="K micro-batches per update, one all-reduce")
-    penalty: Any = _knob("none", engines=("replicas", "placement"),
+    penalty: Any = _knob("none", engines=ENGINES,
                          doc="a name in penalties.PENALTIES or a callable")
     penalty_weight: float = _knob(0.0, doc="weight of the per-example penalty in D's loss")
     penalty_every: int = _knob(1, doc="lazy regularization: the penalty every k-th D "
                                       "update, weight x k (a D without batch norm)")
-    lecam_weight: float = _knob(0.0, engines=("replicas", "placement"),
+    lecam_weight: float = _knob(0.0, engines=ENGINES,
                                 doc="LeCam regularization (Tseng et al. 2021)")
     lecam_decay: float = _knob(0.99, doc="decay of LeCam's EMA anchors")
     augment: str = _knob("", doc="DiffAugment policy, e.g. color,translation,cutout; or "

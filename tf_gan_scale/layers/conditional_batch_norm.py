@@ -23,6 +23,7 @@ keeping per-replica statistics.
 import keras
 from keras import ops
 
+from tf_gan_scale.layers.spectral_norm import SpectralNormalization
 from tf_gan_scale.layers.sync_batch_norm import SyncBatchNormalization, check_group_size
 
 
@@ -38,7 +39,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
             instead of each replica's batch.
         group_size: int, replicas per statistics group of the SyncBatchNormalization
             (0: all replicas); needs synchronized=True.
-        spectral_norm: bool, wrap `gain` and `bias` in `keras.layers.SpectralNormalization`
+        spectral_norm: bool, wrap `gain` and `bias` in `layers.SpectralNormalization`
             (BigGAN: G's linear layers are spectrally normalized).
         power_iterations: int >= 1, power iterations per training-mode call.
         kernel_initializer: initializer of the gain/bias kernels (a name, config dict or
@@ -76,7 +77,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
             kernel_initializer=keras.initializers.get(self.kernel_initializer))
         if not self.spectral_norm:
             return dense
-        return keras.layers.SpectralNormalization(
+        return SpectralNormalization(
             dense, power_iterations=self.power_iterations, name=f"{name}_sn")
 
     def build(self, input_shape):

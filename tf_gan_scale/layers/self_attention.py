@@ -17,6 +17,8 @@ exactly what one device does.
 import keras
 from keras import ops
 
+from tf_gan_scale.layers.spectral_norm import SpectralNormalization
+
 
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
 class SelfAttention(keras.layers.Layer):
@@ -24,7 +26,7 @@ class SelfAttention(keras.layers.Layer):
 
     Args:
         spectral_norm: bool, wrap the four 1x1 convolutions in
-            `keras.layers.SpectralNormalization` (BigGAN: in G and D).
+            `layers.SpectralNormalization` (BigGAN: in G and D).
         power_iterations: int >= 1, power iterations per training-mode call.
         kernel_initializer: initializer of the convolution kernels (a name, config dict or
             instance; each kernel gets its own fresh instance).
@@ -51,7 +53,7 @@ class SelfAttention(keras.layers.Layer):
             kernel_initializer=keras.initializers.get(self.kernel_initializer))
         if not self.spectral_norm:
             return conv
-        return keras.layers.SpectralNormalization(
+        return SpectralNormalization(
             conv, power_iterations=self.power_iterations, name=f"{name}_sn")
 
     def build(self, input_shape):

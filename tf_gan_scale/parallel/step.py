@@ -3,8 +3,8 @@ the GAN's own Keras optimizers, the same losses, latents and batch-norm statisti
 device.
 
 Why it looks like this (docs/notes/dtensor.md):
-- A DTensor program is written for the GLOBAL batch: the step calls the one-device code
-  of `gan.GanStep` (`d_grads`, `g_grads`, `apply`) on all GB rows, with rows 0..GB-1, and
+- A DTensor program is written for the GLOBAL batch: the step calls the one-device step
+  `gan.GanStep.train` on all GB rows (one "replica": rows 0..GB-1), and
   DTensor runs it SPMD: examples split over the "batch" axis, split weights over "model".
   Losses are divided by GB once, latents are keyed by global row, and batch-norm
   moments over a batch-split tensor are global-batch moments: one device's numbers.
@@ -14,8 +14,9 @@ Why it looks like this (docs/notes/dtensor.md):
   D, and Keras' optimizers (which count `iterations` and read slots after writing them)
   were silently wrong. So the step is one function, and the optimizers are Keras' own,
   with every option the data-parallel path has (momentum, clipping, weight decay).
-- G's global batch is a Python int in the traced function (DTensor cannot lay out a
-  range over a dynamic size).
+- The global batch is a Python int in the traced function (the batches' static shape,
+  `gan.step.batch_rows`: DTensor cannot lay out a range over a dynamic size), and a lazy
+  penalty's schedule is decided on the host (DTensor cannot run its cond).
 """
 
 import keras
@@ -26,6 +27,7 @@ from tensorflow.experimental import dtensor
 from tf_gan_scale import data, errors
 from tf_gan_scale.architectures.calls import generate
 from tf_gan_scale.gan import Topology
+from tf_gan_scale.gan import step as gan_step
 from tf_gan_scale.parallel import conv, layouts, tensors
 
 
@@ -83,6 +85,14 @@ def place_optimizer(optimizer, mesh):
         v._value = dtensor.DVariable(value, trainable=v.trainable, name=v.name)
 
 
+def place_replicated(variable, mesh):
+    """Moves a Keras variable onto `mesh`, replicated, in place (it stays the same Keras
+    variable: checkpoints see no difference)."""
+    value = tensors.to_mesh(variable._value.read_value(), mesh, (None,) * len(variable.shape))
+    variable._value = dtensor.DVariable(value, trainable=variable.trainable,
+                                        name=variable.name)
+
+
 def _unsupported_layers(models):
     """["AveragePooling2D with padding='same' in discriminator", ...] for the layers of
     `models` a mesh cannot run: a ConfigError before anything runs, not an error inside
@@ -99,8 +109,9 @@ def _unsupported_layers(models):
 
 
 class MeshTrainer:
-    """Trains `gan` (a compiled `gan.GAN`) on `mesh`. Tested unconditional, with d_steps
-    1 and 2, batch norm and dropout; conditional models run the same code, untested here.
+    """Trains `gan` (a compiled `gan.GAN`) on `mesh` with the data-parallel step itself
+    (`GanStep.train` on the global batch: penalties, lazy penalties, LeCam, accumulation,
+    EMA). Tested with DCGAN, MLP, SNGAN and the conditional BigGAN, d_steps 1 and 2.
 
     The networks' weights are moved onto the mesh by `weight_plan` (layouts.plan), then
     the optimizers' variables (`place_optimizer`). The GAN's checkpoint items
@@ -122,7 +133,9 @@ class MeshTrainer:
 
     Not yet on a mesh (a ConfigError, not a silently different run): the step knobs
     StepConfig marks (`unsupported("mesh")`), mixed_float16 loss scaling, Keras'
-    gradient_accumulation_steps, and average pooling with "same" padding.
+    gradient_accumulation_steps, and average pooling with "same" padding. The GAN's
+    Keras loss trackers are not updated (host variables): `train_step` returns the
+    losses.
     """
 
     def __init__(self, gan, mesh, weight_plan):
@@ -140,6 +153,9 @@ class MeshTrainer:
         self.gan, self.mesh = gan, mesh
         self.step_math = gan.gan_step
         gan.topology = MeshTopology()  # [real; fake] joined without a concat.
+        # The Keras trackers are host variables, not on the mesh: the mesh's losses
+        # come back from the step (train_step) instead.
+        self.step_math.trackers = {}
         layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
         if gan.ema is not None:  # The EMA copy of G: each weight laid out as G's twin.
             ema = gan.ema.model
@@ -148,6 +164,13 @@ class MeshTrainer:
                 for e, w in zip(ema.weights, gan.generator.weights)})
         for opt in (gan.d_optimizer, gan.g_optimizer):
             place_optimizer(opt, mesh)
+        # The GAN's other checkpointed state (LeCam's anchors, ADA's p and statistic,
+        # the path-length mean): small, replicated, updated from global values.
+        networks = {"generator", "discriminator", "ema_generator", "g_optimizer",
+                    "d_optimizer"}
+        for name, v in gan.checkpoint_items().items():
+            if name not in networks:
+                place_replicated(v, mesh)
         # autograph=False: the step math is plain Python around ops
         # (gan.step_function.unconverted_if_own). One trace per d_steps and batch shape.
         self._step_fn = tf.function(self._step, autograph=False)
@@ -158,30 +181,15 @@ class MeshTrainer:
         """GAN steps taken (G's update count, read from the mesh: restores included)."""
         return int(tensors.gather(self.gan.g_optimizer.iterations))
 
-    def d_update(self, real, labels, step, k):
-        """D update k of a step on the global batch real [GB, ...]; its loss."""
-        gb = int(real.shape[0])
-        grads, share, _ = self.step_math.d_grads(real, labels, tf.range(gb), gb, step, k)
-        (loss,), _, _, _ = self.step_math.apply(
-            self.gan.d_optimizer, grads, self.gan.discriminator.trainable_variables, [share])
-        return loss
-
-    def g_update(self, gb, step):
-        """The G update of a step on a global batch of gb rows (a Python int); its loss."""
-        grads, share, _ = self.step_math.g_grads(tf.range(gb), gb, step)
-        (loss,), _, _, _ = self.step_math.apply(
-            self.gan.g_optimizer, grads, self.gan.generator.trainable_variables, [share])
-        return loss
-
-    def _step(self, batches, step):
-        """One GAN step (traced by _step_fn): batches, a tuple of d_steps (real, labels);
-        step, the int64 step number. Returns (last D loss, G loss)."""
-        for k, (real, labels) in enumerate(batches):
-            d_loss = self.d_update(real, labels, step, k)
-        g_loss = self.g_update(int(batches[0][0].shape[0]), step)
-        if self.gan.ema is not None:  # As GanStep.g_update: after G's update, counted.
-            self.gan.ema.update(self.gan.generator, step + 1)
-        return d_loss, g_loss
+    def _step(self, batches, penalty_due):
+        """One GAN step (traced by _step_fn): GanStep.train on the global batch, with
+        batches a tuple of d_steps {"x": [GB, ...], "label": [GB]} DTensors and
+        penalty_due None or a tuple of d_steps Python bools (a lazy penalty's schedule,
+        decided on the host: DTensor cannot run its cond; one trace per pattern).
+        Returns (last D loss, G loss, the nonfinite code: 0 or NONFINITE_D/_G)."""
+        out = self.step_math.train(batches[0] if len(batches) == 1 else batches,
+                                   penalty_due)
+        return out["d_loss"], out["g_loss"], out[gan_step.NONFINITE]
 
     def split(self):
         """The rows of each global batch this client builds (data.pipeline.Split): one
@@ -229,10 +237,16 @@ class MeshTrainer:
         if len(batches) != d_steps:
             raise ValueError(f"{len(batches)} batches for d_steps={d_steps}")
         step = self.step
-        out = self._step_fn(tuple(tuple(b) for b in batches), tf.constant(step, tf.int64))
-        losses = tuple(float(tensors.gather(x)) for x in out)
-        if not np.all(np.isfinite(losses)):
-            raise errors.NonFiniteError(f"non-finite loss at step {step + 1} on the mesh: "
+        due = None
+        if self.gan.step_config.penalty_every > 1:
+            due = tuple(self.step_math.penalty_due(step, k) for k in range(d_steps))
+        d_loss, g_loss, code = (tensors.gather(x) for x in self._step_fn(
+            tuple({"x": x, "label": y} for x, y in batches), due))
+        losses = (float(d_loss), float(g_loss))
+        if code or not np.all(np.isfinite(losses)):
+            net = {gan_step.NONFINITE_G: "generator"}.get(int(code), "discriminator")
+            raise errors.NonFiniteError(f"non-finite loss, gradients or weights of the "
+                                        f"{net} at step {step + 1} on the mesh: "
                                         f"d_loss={losses[0]}, g_loss={losses[1]}")
         return losses
 

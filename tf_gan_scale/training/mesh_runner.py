@@ -48,8 +48,7 @@ def check_config(config):
     if bad:
         raise errors.ConfigError(
             f"not supported on a mesh yet: {', '.join(bad)}; valid: float32, no XLA, "
-            f"accumulation, penalty or LeCam, global batch norm -- or train without a mesh "
-            f"(tf.distribute)")
+            f"global batch norm -- or train without a mesh (tf.distribute)")
 
 
 class SharedCheckpoints:
