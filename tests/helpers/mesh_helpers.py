@@ -139,9 +139,22 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
                                 - tensors.gather(b).astype(np.float64)).max())
                    for a, b in zip(a_net.weights, b_net.weights))
 
+    def relative(a_net, b_net, start):
+        """|w_mesh - w_ref| / |w_ref - w_start| over the network's trainable weights:
+        the gap as a fraction of how far training moved the weights."""
+        trained = {id(w) for w in a_net.trainable_weights}
+        gaps, moved = 0.0, 0.0
+        for a, b, w0 in zip(a_net.weights, b_net.weights, start):
+            if id(a) in trained:
+                ref = a.numpy().astype(np.float64)
+                gaps += float(np.sum((ref - tensors.gather(b).astype(np.float64)) ** 2))
+                moved += float(np.sum((ref - w0) ** 2))
+        return (gaps / moved) ** 0.5
+
     diff = max(gap(a, b) for a, b in pairs[:2])
     ema_diff = gap(*pairs[2]) if ema else None
     return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],
+            "relative_diff": max(relative(a, b, w0) for (a, b), w0 in zip(pairs[:2], init)),
             "g_loss": [out["g_loss"], g_loss], "step": trainer.step,
             "split_convs": split_convs, "ema_diff": ema_diff,
             "split": sorted(p for p, s in plan.items() if any(s))}

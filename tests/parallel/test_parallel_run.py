@@ -98,10 +98,10 @@ BAD = [
      "layout override 'generator/nope' matches no weight"),
     ([MESH, "--config.parallel.layouts=(('generator/dense/kernel', 'model,model'),)"],
      "splits two dimensions over the same axis"),
-    ([MESH, "--config.train.lecam_weight=0.1"], "not supported on a mesh yet: "
-                                                "config.train.lecam_weight=0.1"),
-    ([MESH, "--config.train.precision=mixed_bfloat16"],
-     "config.train.precision='mixed_bfloat16'"),
+    ([MESH, "--config.train.grad_nan_to_num=True"], "not supported on a mesh yet: "
+                                                     "config.train.grad_nan_to_num=True"),
+    ([MESH, "--config.model.sync_bn_group_size=2"],
+     "config.model.sync_bn_group_size=2"),
     # TF_CONFIG names a cluster: this process joins it as a DTensor client, and the
     # cluster must be sound before anything starts.
     ([MESH, "--config.train.num_steps=1"], "bad DTensor cluster"),

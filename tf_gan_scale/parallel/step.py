@@ -132,18 +132,16 @@ class MeshTrainer:
     The EMA generator, if any, is split like G.
 
     Not yet on a mesh (a ConfigError, not a silently different run): the step knobs
-    StepConfig marks (`unsupported("mesh")`), mixed_float16 loss scaling, Keras'
-    gradient_accumulation_steps, and average pooling with "same" padding. The GAN's
-    Keras loss trackers are not updated (host variables): `train_step` returns the
-    losses.
+    StepConfig marks (`unsupported("mesh")`), Keras' gradient_accumulation_steps, and
+    average pooling with "same" padding. Mixed precision runs, mixed_float16 with its
+    loss-scale optimizer. The GAN's Keras loss trackers are not updated (host
+    variables): `train_step` returns the losses.
     """
 
     def __init__(self, gan, mesh, weight_plan):
         # The step's knobs the mesh cannot run (StepConfig's engine metadata), then what
         # the built GAN holds beyond them.
         bad = gan.step_config.unsupported("mesh")
-        if isinstance(gan.g_optimizer, keras.optimizers.LossScaleOptimizer):
-            bad.append("precision=mixed_float16 (loss scaling)")
         for name in ("d_optimizer", "g_optimizer"):
             bad += [f"{name} {o}" for o in _unsupported_options(getattr(gan, name))]
         bad += _unsupported_layers((gan.generator, gan.discriminator))
