@@ -12,6 +12,9 @@ figures: docs/performance.md).
     python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
         --num_cpu_devices=2 --baseline=false --mesh=batch:2,model:1 --mesh=batch:1,model:2 \
         [--placement=g:0,d:1]                      # DTensor meshes, G and D on two devices
+    python tools/benchmark.py --config=experiments/biggan_imagenet128.py \
+        --synthetic=128,128,3 --memory_classes=1000 --num_cpu_devices=4 \
+        --mesh=batch:1,model:4                     # bytes per device, built not trained
     python tools/benchmark.py --config=experiments/digits.py \
         --eval_extractor=/tmp/digits_classifier.keras --eval_samples=50000   # scoring
 
@@ -65,6 +68,9 @@ flags.DEFINE_integer("eval_batch_size", 512, "Global evaluation batch (--eval_ex
 flags.DEFINE_boolean("eval_keep", False, "Also gather the features (KID, PR).")
 flags.DEFINE_multi_string("mesh", None, "batch:B,model:M: also time training on this "
                           "DTensor mesh (repeatable), interleaved with --strategy's run.")
+flags.DEFINE_integer("memory_classes", 0, "With --mesh: report the bytes of weights and "
+                     "optimizer slots each device holds for data of --synthetic's shape "
+                     "and this many classes (0: unconditional), built, not trained.")
 flags.DEFINE_string("placement", None, "g:I,d:J: also time training with G on device I and "
                     "D on device J of this process, interleaved with --strategy's run.")
 FLAGS = flags.FLAGS
@@ -117,7 +123,14 @@ def main(argv):
     else:
         source = data.load(config.data.source, tfds_data_dir=FLAGS.tfds_data_dir)
     common = dict(strategy_name=FLAGS.strategy)
-    if FLAGS.eval_extractor:
+    if FLAGS["memory_classes"].present:
+        if not (FLAGS.mesh and FLAGS.synthetic):
+            raise errors.ConfigError("--memory_classes reports a mesh's memory: it needs "
+                                     "--mesh=batch:B,model:M and --synthetic=H,W,C")
+        result = {"memory": [benchmark.mesh_memory(config, source.shape,
+                                                   FLAGS.memory_classes, spec)
+                             for spec in FLAGS.mesh]}
+    elif FLAGS.eval_extractor:
         result = benchmark.time_evaluation(
             config, strategy, source, FLAGS.eval_extractor, num_samples=FLAGS.eval_samples,
             batch_size=FLAGS.eval_batch_size, keep=FLAGS.eval_keep, **common)

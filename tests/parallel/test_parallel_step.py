@@ -269,6 +269,37 @@ def test_adam_moments_are_split_like_their_weights():
     assert dtensor.fetch_layout(counter).is_fully_replicated()
 
 
+def test_the_memory_report_counts_each_device_its_shards(monkeypatch):
+    # The conditional BigGAN with Adam, every convolution split (threshold 0) on 1x2: a
+    # device holds half of each split weight and of its two Adam slots, all of the rest.
+    # tools/benchmark.py --memory_classes reports this for biggan_imagenet128.
+    import numpy as np
+
+    from helpers.mesh_helpers import config, data_of
+    from tf_gan_scale import training
+    from tf_gan_scale.parallel import layouts
+    from tf_gan_scale.training import benchmark
+    monkeypatch.setattr(layouts, "CONV_SPLIT_MIN_PARAMS", 0)
+    c = config("biggan", "adam")
+    shape, classes = data_of("biggan")
+    gan = training.build_gan(c, shape, classes)
+    plan = layouts.plan((gan.generator, gan.discriminator), {"batch": 1, "model": 2})
+    whole = {layouts.weight_path(net, w): int(np.prod(w.shape)) * 4
+             for net in (gan.generator, gan.discriminator) for w in net.weights}
+    half = {p: b // 2 if any(plan[p]) else b for p, b in whole.items()}
+    trainable = {layouts.weight_path(net, w)
+                 for net in (gan.generator, gan.discriminator) for w in net.trainable_weights}
+    report = benchmark.mesh_memory(c, shape, classes, "batch:1,model:2")
+    assert report["split_weights"] == sum(any(s) for s in plan.values()) > 12
+    assert report["one_device"]["weights"] == sum(whole.values())
+    assert report["per_device"]["weights"] == [sum(half.values())] * 2
+    # Adam: two slots per trainable weight, split like it; plus counters and the rate.
+    counters = report["one_device"]["optimizer"] - 2 * sum(whole[p] for p in trainable)
+    assert 0 < counters < 64
+    assert report["per_device"]["optimizer"] == [
+        2 * sum(half[p] for p in trainable) + counters] * 2
+
+
 def test_keras_gradient_accumulation_is_refused():
     # Keras' own accumulation branches on a counter around the update (a cond DTensor
     # cannot expand over split weights); config.train.accumulation_steps is the

@@ -144,6 +144,46 @@ class MeshRun:
         return (stamps[-1] - stamps[warmup - 1]) / steps
 
 
+def _bytes_per_device(variables):
+    """[bytes device 0 holds, device 1, ...] of DTensor-backed Keras variables (its
+    pieces' shapes: `tensors.local_shapes`)."""
+    total = None
+    for v in variables:
+        size = np.dtype(v.dtype).itemsize
+        sizes = [int(np.prod(s)) * size for s in tensors.local_shapes(v)]
+        total = sizes if total is None else [a + b for a, b in zip(total, sizes)]
+    return total
+
+
+def mesh_memory(config, shape, num_classes, spec):
+    """What each device of mesh `spec` holds of the GAN of `config` for data of `shape`
+    with `num_classes` classes: built and placed as
+    `main --mesh` places it (weights by the layout plan, each optimizer slot like its
+    weight), NOT trained, so a model too big to train here can be measured.
+
+    Returns {"mesh", "split_weights", "one_device": {"weights", "optimizer"} bytes,
+    "per_device": {"weights", "optimizer"} [bytes of device i]} for G, D and their
+    optimizers (Keras' own: Adam holds two slots per weight)."""
+    mesh_runner.check_config(config)
+    dims = mesh_spec.parse(spec)
+    gan = build.build_gan(config, shape, num_classes)
+    nets = (gan.generator, gan.discriminator)
+    plan = layouts.plan(nets, dims, tuple(tuple(o) for o in config.parallel.layouts))
+    optimizers = (gan.g_optimizer, gan.d_optimizer)
+
+    def whole(variables):
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+
+    weights = [w for net in nets for w in net.weights]
+    slots = [v for opt in optimizers for v in opt.variables]
+    one = {"weights": whole(weights), "optimizer": whole(slots)}
+    step_lib.MeshTrainer(gan, mesh_lib.make(dims), plan)  # Places; traces nothing.
+    return {"mesh": spec, "split_weights": sum(any(s) for s in plan.values()),
+            "one_device": one,
+            "per_device": {"weights": _bytes_per_device(weights),
+                           "optimizer": _bytes_per_device(slots)}}
+
+
 def _timed(times, gb, d_steps):
     """{step_time_s, images_per_sec, all_step_times_s} of one run's repeats (the best)."""
     best = min(times)
