@@ -15,6 +15,8 @@ figures: docs/performance.md).
     python tools/benchmark.py --config=experiments/biggan_imagenet128.py \
         --synthetic=128,128,3 --memory_classes=1000 --num_cpu_devices=4 \
         --mesh=batch:1,model:4                     # bytes per device, built not trained
+    python tools/benchmark.py --config=experiments/digits.py --num_cpu_devices=2 \
+        --mesh=batch:1,model:2 --mesh_combining    # DTensor's combining pass off vs on
     python tools/benchmark.py --config=experiments/digits.py \
         --eval_extractor=/tmp/digits_classifier.keras --eval_samples=50000   # scoring
 
@@ -71,6 +73,10 @@ flags.DEFINE_multi_string("mesh", None, "batch:B,model:M: also time training on 
 flags.DEFINE_integer("memory_classes", 0, "With --mesh: report the bytes of weights and "
                      "optimizer slots each device holds for data of --synthetic's shape "
                      "and this many classes (0: unconditional), built, not trained.")
+flags.DEFINE_boolean("mesh_combining", False, "With one --mesh: time it with DTensor's "
+                     "all-reduce combining pass off (the framework's setting) and on, each "
+                     "in its own process (TensorFlow reads the switch once), alternating "
+                     "--repeats times, and count each step's collectives.")
 flags.DEFINE_string("placement", None, "g:I,d:J: also time training with G on device I and "
                     "D on device J of this process, interleaved with --strategy's run.")
 FLAGS = flags.FLAGS
@@ -94,8 +100,65 @@ def run_workers(num_workers):
     print(json.dumps(result), flush=True)
 
 
+COLLECTIVE_OPS = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2",
+                  "CollectiveReduceScatterV2")
+
+
+def count_collectives(dump_dir):
+    """{op: count} of the collectives in the last DTensor MLIR dump of the mesh step
+    (`_step`): what each device runs per step after every DTensor pass."""
+    import re
+    names = sorted(n for n in os.listdir(dump_dir) if "__inference__step_" in n)
+    if not names:
+        raise RuntimeError(f"no DTensor dump of the mesh step in {dump_dir}")
+    text = open(os.path.join(dump_dir, names[-1])).read()
+    return {op: len(re.findall(rf'"tf\.{op}"', text)) for op in COLLECTIVE_OPS}
+
+
+def compare_combining():
+    """--mesh_combining: the mesh run with the combining pass off and on, each in a child
+    process, alternating --repeats times (a slow phase of the machine hits both alike);
+    the first of each dumps its MLIR for the collective count. Prints one JSON line."""
+    import subprocess
+    import tempfile
+    from tf_gan_scale import parallel  # No TensorFlow: the package sets an env variable.
+    if len(FLAGS.mesh or ()) != 1:
+        raise errors.ConfigError(f"--mesh_combining compares one mesh; Received: "
+                                 f"--mesh={FLAGS.mesh}")
+    argv = [a for a in sys.argv[1:] if not a.startswith(("--mesh_combining", "--repeats",
+                                                         "--baseline"))]
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--repeats=1",
+           "--baseline=false"]
+    result = {setting: {"step_time_s": []} for setting in ("off", "on")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(FLAGS.repeats):
+            for setting in ("off", "on"):
+                env = dict(os.environ, **{parallel.COMBINE_OPT_IN: "1" if setting == "on"
+                                          else "0"})
+                dump = os.path.join(tmp, setting)
+                if r == 0:  # MLIR dumps (DTensor's passes log them at VLOG 4).
+                    env.update(TF_DUMP_GRAPH_PREFIX=dump, TF_CPP_MIN_LOG_LEVEL="0",
+                               TF_CPP_VMODULE="dtensor_mlir_passes=4,dump_mlir_util=4")
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if proc.returncode:
+                    sys.stderr.write(proc.stderr[-5000:])
+                    raise SystemExit(proc.returncode)
+                run = json.loads(proc.stdout.strip().splitlines()[-1])
+                mesh = run["meshes"][FLAGS.mesh[0]]
+                result[setting]["step_time_s"].append(mesh["step_time_s"])
+                if r == 0:
+                    result[setting]["collectives_per_step"] = count_collectives(dump)
+    for setting in result.values():
+        setting["best_step_time_s"] = min(setting["step_time_s"])
+    result["off_vs_on_time"] = round(result["off"]["best_step_time_s"]
+                                     / result["on"]["best_step_time_s"], 3)
+    print(json.dumps({"mesh": FLAGS.mesh[0], "combining": result}), flush=True)
+
+
 def main(argv):
     del argv
+    if FLAGS.mesh_combining:
+        return compare_combining()
     if FLAGS.num_workers < 1:
         raise errors.ConfigError(f"--num_workers must be >= 1; Received: {FLAGS.num_workers}")
     if FLAGS.num_workers > 1 and "TF_CONFIG" not in os.environ:
