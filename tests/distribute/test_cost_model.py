@@ -55,6 +55,16 @@ def test_forward_flops_of_a_dense_layer():
     assert cost_model.forward_flops(model, [3]) == 2 * 3 * 4 + 4  # MatMul + bias.
 
 
+def test_forward_flops_of_a_conditional_network():
+    # [x, labels] inputs (a conditional G or D, as the benchmark's mesh rows build them):
+    # a one-hot of 3 classes concatenated to x, then the Dense: the label adds 3 inputs.
+    x, y = keras.Input((3,)), keras.Input((), dtype="int32")
+    out = keras.layers.Dense(4)(keras.layers.Concatenate()(
+        [x, keras.layers.CategoryEncoding(3, output_mode="one_hot")(y)]))
+    model = keras.Model([x, y], out)
+    assert cost_model.forward_flops(model, [3]) == 2 * 6 * 4 + 4
+
+
 def test_ring_time_formula():
     # 2(N-1) latency steps + 2(N-1)/N of the message over the link.
     t = cost_model.ring_time_s([1e6], 4, gbit_per_s=8, latency_s=1e-5)

@@ -70,9 +70,14 @@ BN_BYTES_PER_VALUE = 8
 
 
 def forward_flops(model, input_shape):
-    """FLOPs of model(x) for ONE example of shape `input_shape` (TensorFlow's profiler)."""
-    fn = tf.function(lambda x: model(x, training=False), autograph=False)
-    graph = fn.get_concrete_function(tf.TensorSpec([1, *input_shape])).graph
+    """FLOPs of model(x) for ONE example of shape `input_shape` (TensorFlow's profiler).
+    A conditional network (inputs [x, labels]) gets one int32 label per example."""
+    specs = [tf.TensorSpec([1, *input_shape])]
+    if len(getattr(model, "inputs", None) or ()) == 2:
+        specs.append(tf.TensorSpec([1], tf.int32))
+    fn = tf.function(lambda *x: model(list(x) if len(x) > 1 else x[0], training=False),
+                     autograph=False)
+    graph = fn.get_concrete_function(*specs).graph
     opts = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     opts["output"] = "none"
     return int(tf.compat.v1.profiler.profile(graph=graph, options=opts).total_float_ops)
