@@ -40,7 +40,10 @@ class StepConfig:
 
     loss: Any = _knob("hinge", doc="a name in losses.LOSSES or a callable with its contract")
     d_steps: int = _knob(1, doc="D updates, each on its own real batch, per G update")
-    # Before the other knobs the mesh refuses: its message lists them in this order.
+    # Before the other knobs the mesh refuses: its message lists them in this order. Not
+    # on a mesh: a DTensor step traced with jit_compile=True ran and matched one device,
+    # but was NOT compiled (no "Compiled cluster using XLA" logged, which a plain
+    # jit_compile function logs; CPU, TF 2.21): accepting it would claim XLA falsely.
     jit_compile: Any = _knob(False, engines=("replicas",),
                              doc="compile the per-replica step with XLA: a bool or "
                                  "auto | true | false (auto: off)")
