@@ -104,6 +104,9 @@ def tree_digest(root):
 # devices, strategy or cluster environment and run the real binary.
 IN_PROCESS = [
     (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
+    (["--strategy=parameter_server"], "--strategy=parameter_server: ParameterServerStrategy "
+                                      "is not supported: its workers update G and D "
+                                      "asynchronously"),
     (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
                                      "train: accumulation_steps, ada_interval, ada_kimg, ada_p,"),
     (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: arrayrecord, embedded"),

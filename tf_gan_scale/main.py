@@ -11,7 +11,9 @@
         [--num_cpu_devices=2]     # G and D on two devices of one process
 
 One --config file per run (a second one is bad input); --strategy=auto trains on every task
-of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py). --mesh (or
+of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py).
+ParameterServerStrategy (--strategy=parameter_server, or a TF_CONFIG with ps tasks) is
+refused as bad input, with the reason (docs/multi_worker.md). --mesh (or
 config.parallel.mesh) trains on a DTensor mesh instead (tf_gan_scale/parallel/): of
 this process's devices, or of every process of a cluster that DTENSOR_JOBS, TF_CONFIG or a
 Slurm job step describes (one DTensor client each); it excludes the tf.distribute flags. Checkpoints are the same

@@ -137,6 +137,34 @@ def test_binary_refuses_mirrored_on_a_two_worker_tf_config(tmp_path, run):
     assert "Traceback" not in proc.stderr and not workdir.exists()
 
 
+WHY_NOT_PS = ("ParameterServerStrategy is not supported: its workers update G and D "
+              "asynchronously, each on its own batch with its own batch-norm statistics, so "
+              "training is no longer what one device trains on the global batch; use "
+              "--strategy=multi_worker_mirrored (synchronous, chief and worker tasks only) or "
+              "a DTensor mesh (--mesh=batch:B,model:M)")
+PS_CLUSTER = json.dumps({"cluster": {"chief": ["localhost:1999"], "worker": ["localhost:2000"],
+                                     "ps": ["localhost:2001", "localhost:2002"]},
+                         "task": {"type": "chief", "index": 0}})
+
+
+@pytest.mark.parametrize("strategy, env, what", [
+    ("parameter_server", {}, "--strategy=parameter_server"),
+    ("auto", {"TF_CONFIG": PS_CLUSTER},
+     "TF_CONFIG describes a parameter-server cluster (2 ps tasks; --strategy=auto)"),
+    ("multi_worker_mirrored", {"TF_CONFIG": PS_CLUSTER},
+     "TF_CONFIG describes a parameter-server cluster (2 ps tasks; "
+     "--strategy=multi_worker_mirrored)"),
+])
+def test_binary_refuses_parameter_server_training_saying_why(tmp_path, strategy, env, what):
+    workdir = tmp_path / "run"
+    proc = run_in_process(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
+                           f"--workdir={workdir}", f"--strategy={strategy}"], env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {what}: {WHY_NOT_PS}"]
+    assert "Traceback" not in proc.stderr and not workdir.exists()
+
+
 # --- which errors are reported as a lost peer ---------------------------------------
 
 def worker(index, num_workers=2):

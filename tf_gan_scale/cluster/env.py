@@ -162,6 +162,12 @@ def cluster_from_env(env=None):
     return 1, None
 
 
+def parameter_servers(env=None):
+    """The number of `ps` tasks in TF_CONFIG's cluster (0 without TF_CONFIG)."""
+    cfg = check_tf_config(os.environ if env is None else env)
+    return len(cfg["cluster"].get("ps", ())) if cfg else 0
+
+
 # ---- DTensor clients -------------------------------------------------------------------
 
 def client_env(hosts, index):
