@@ -247,6 +247,17 @@ def test_lost_peer_is_reported_as_one(message, me, expected):
     assert distribute.abort_message(error, worker(me)) == expected
 
 
+def test_a_lost_peer_line_names_its_log_file():
+    # cluster.rank_log.peer_file's role: the file of /job:JOB/.../task:I.
+    error = tf.errors.UnavailableError(None, None, PEER_KILLED)
+    line = distribute.abort_message(error, worker(0),
+                                    log_of=lambda job, i: f"/w/logs/{job}_{i}.log")
+    assert line.startswith("multi-worker run aborted, lost /job:worker/replica:0/task:1: ")
+    assert line.endswith("; last lines: /w/logs/worker_1.log")
+    # No file named where none is known (one process, a workdir on gs://).
+    assert "last lines" not in distribute.abort_message(error, worker(0), log_of=lambda j, i: None)
+
+
 @pytest.mark.parametrize("error_type, message, expected", [
     (tf.errors.UnavailableError, GCS_READ,
      "UnavailableError: All 10 retry attempts failed. The last failure: Error executing an "

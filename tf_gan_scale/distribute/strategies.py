@@ -399,19 +399,27 @@ def first_cause(message):
     return ""
 
 
-def abort_message(error, strategy):
+def abort_message(error, strategy, log_of=None):
     """One line for a tf.errors.OpError that ended training.
+
+    log_of(job, index): the log file of the task TensorFlow names /job:JOB/.../task:INDEX
+    (cluster.rank_log.peer_file), or None.
 
     Returns:
         "multi-worker run aborted, lost PEERS: CAUSE" when the error says other workers
-        were lost (see lost_peers), else "ErrorType: CAUSE" (the error's first line that
-        is not traceback).
+        were lost (see lost_peers), followed by "; last lines: FILE" when `log_of` knows
+        the lost task's log file; else "ErrorType: CAUSE" (the error's first line that is
+        not traceback).
     """
     message = str(getattr(error, "message", error))
     cause = first_cause(message)
     peers = lost_peers(message, strategy)
     if peers:
-        return f"multi-worker run aborted, lost {' '.join(peers)}: {cause}"
+        files = [log_of(job, int(index)) for peer in peers
+                 for job, index in _TASK.findall(peer)] if log_of else []
+        files = ", ".join(f for f in files if f)
+        return (f"multi-worker run aborted, lost {' '.join(peers)}: {cause}"
+                + (f"; last lines: {files}" if files else ""))
     return f"{type(error).__name__}: {cause or 'no message'}"
 
 
