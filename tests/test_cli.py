@@ -230,7 +230,8 @@ def test_non_finite_training_on_two_workers_names_each_workers_log(tmp_path):
         # (Not at a line start: worker 0's progress bar on stdout ends without one.)
         found = re.findall(rf"\[worker {i}\] error: non-finite discriminator loss, gradients or "
                            rf"weights in generator step (\d+); training stopped before saving "
-                           rf"it; latest checkpoint: \S+ckpt-\d+; last lines: {re.escape(str(log))}$",
+                           rf"it; latest checkpoint: \S+ckpt-\d+; last lines: "
+                           rf"{re.escape(str(log))}$",
                            launcher.text(), re.MULTILINE)
         assert len(found) == 1, launcher.text()[-3000:]
         steps.add(found[0])
