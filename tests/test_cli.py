@@ -4,12 +4,13 @@ import glob
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.mw_helpers import scalars
+from helpers.mw_helpers import Launcher, scalars
 from conftest import TINY, TINY_RUN_STEPS, copy_run, run_cmd, run_cmds, run_in_process
 
 
@@ -104,6 +105,9 @@ def tree_digest(root):
 # devices, strategy or cluster environment and run the real binary.
 IN_PROCESS = [
     (["--strategy=foo"], "unknown strategy 'foo'; valid: auto, mirrored, multi_worker_mirrored"),
+    (["--strategy=parameter_server"], "--strategy=parameter_server: ParameterServerStrategy "
+                                      "is not supported: its workers update G and D "
+                                      "asynchronously"),
     (["--config.train.num_stpes=3"], "unknown config key 'train.num_stpes'; valid keys of "
                                      "train: accumulation_steps, ada_interval, ada_kimg, ada_p,"),
     (["--config.data.source=hub:x"], "unknown data source kind 'hub'; valid: arrayrecord, embedded"),
@@ -207,6 +211,32 @@ def test_non_finite_training_stops_with_one_line_and_keeps_the_last_good_checkpo
         if np.issubdtype(np.asarray(value).dtype, np.floating):
             assert np.isfinite(value).all(), name
     assert not glob.glob(str(workdir / "checkpoints" / "ckpt-3*"))
+
+
+@pytest.mark.slow
+def test_non_finite_training_on_two_workers_names_each_workers_log(tmp_path):
+    # The same blow-up on 2 workers: every worker stops at the same step (the checks see
+    # global values) and its line, prefixed once, names its own log file, whose last
+    # line it is.
+    workdir = tmp_path / "run"
+    launcher = Launcher(tmp_path, [f"--workdir={workdir}", *TINY,
+                                   "--config.train.num_steps=20",
+                                   "--config.train.checkpoint_every=1",
+                                   "--config.train.d_optimizer.learning_rate=1e8"])
+    assert launcher.finish() == 1, launcher.text()[-3000:]
+    steps = set()
+    for i in (0, 1):
+        log = workdir / "logs" / f"worker_{i}.log"
+        # (Not at a line start: worker 0's progress bar on stdout ends without one.)
+        found = re.findall(rf"\[worker {i}\] error: non-finite discriminator loss, gradients or "
+                           rf"weights in generator step (\d+); training stopped before saving "
+                           rf"it; latest checkpoint: \S+ckpt-\d+; last lines: "
+                           rf"{re.escape(str(log))}$",
+                           launcher.text(), re.MULTILINE)
+        assert len(found) == 1, launcher.text()[-3000:]
+        steps.add(found[0])
+        assert log.read_text().splitlines()[-1].startswith(f"[worker {i}] error: non-finite")
+    assert len(steps) == 1
 
 
 @pytest.mark.slow

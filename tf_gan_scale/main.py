@@ -11,7 +11,9 @@
         [--num_cpu_devices=2]     # G and D on two devices of one process
 
 One --config file per run (a second one is bad input); --strategy=auto trains on every task
-of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py). --mesh (or
+of a cluster described by TF_CONFIG or a Slurm job step (see distribute.py).
+ParameterServerStrategy (--strategy=parameter_server, or a TF_CONFIG with ps tasks) is
+refused as bad input, with the reason (docs/multi_worker.md). --mesh (or
 config.parallel.mesh) trains on a DTensor mesh instead (tf_gan_scale/parallel/): of
 this process's devices, or of every process of a cluster that DTENSOR_JOBS, TF_CONFIG or a
 Slurm job step describes (one DTensor client each); it excludes the tf.distribute flags. Checkpoints are the same
@@ -26,6 +28,9 @@ exit 1 and one line naming the step and the network; the latest checkpoint stays
 good one. A cluster (workers or DTensor clients) that does not form within
 --startup_timeout_s exits 1 with one line naming the tasks that did not connect; SIGTERM or
 SIGINT while waiting for it exits 143 at once. Either way nothing is written.
+In a cluster each task's log lines start with its name ("[worker 1] ", "[client 1] ") and,
+once its input is validated, also go to WORKDIR/logs/<task>.log; the lost-peer and
+non-finite lines name the file with the failing task's last lines (cluster/rank_log.py).
 """
 
 import contextlib
@@ -44,7 +49,8 @@ from ml_collections import config_flags  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tf_gan_scale import cli, distribute, errors  # noqa: E402
-from tf_gan_scale.cluster import mesh_spec, startup  # noqa: E402
+from tf_gan_scale.cluster import env as cluster_env  # noqa: E402
+from tf_gan_scale.cluster import mesh_spec, rank_log, startup  # noqa: E402
 from tf_gan_scale.cluster.launch import PREEMPTED_EXIT_CODE  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -92,6 +98,15 @@ def main(argv):
                                  "--config=experiments/digits.py --workdir=/tmp/digits")
     logging.set_verbosity(logging.INFO)
     startup.check_timeout(FLAGS.startup_timeout_s)  # Also where no cluster waits: a typo.
+    spec = FLAGS.mesh or (config.get("parallel") or {}).get("mesh", "")
+    # In a cluster every line carries this task's name, and from the end of validation
+    # on also goes to WORKDIR/logs/<task>.log (cluster/rank_log.py); one process: as is.
+    with rank_log.started(cluster_env.task_name(mesh=bool(spec))):
+        _run(config, spec)
+
+
+def _run(config, spec):
+    """Trains by --mesh (`spec`), --placement or a strategy (see the module docstring)."""
     parallel = config.get("parallel") or {}
     if FLAGS.placement is not None:
         if "placement" not in parallel:
@@ -99,7 +114,6 @@ def main(argv):
                                      f"parallel.placement key; valid: a config built on "
                                      f"tf_gan_scale.configs.base()")
         config.parallel.placement = FLAGS.placement  # What run.json records.
-    spec = FLAGS.mesh or parallel.get("mesh", "")
     place = parallel.get("placement", "")
     if spec and place:
         raise errors.ConfigError(f"--mesh={spec} and --placement={place}: one of them; "
@@ -166,7 +180,7 @@ def _train(train, strategy):
             tf.errors.DeadlineExceededError) as e:
         # A lost peer aborts this worker's collectives with one of these types, but so can
         # storage or the input pipeline: only the former is reported as a lost peer.
-        print(f"error: {distribute.abort_message(e, strategy)}", file=sys.stderr)
+        rank_log.error(distribute.abort_message(e, strategy, log_of=rank_log.peer_file))
         sys.exit(1)
 
 
@@ -177,7 +191,11 @@ def _stop_on_non_finite(train):
     except errors.NonFiniteError as e:
         # Raised before the step's callbacks: no checkpoint holds the bad weights.
         latest = tf.train.latest_checkpoint(os.path.join(FLAGS.workdir, "checkpoints"))
-        print(f"error: {e}; latest checkpoint: {latest or 'none'}", file=sys.stderr)
+        # Every task stops at the same step (the checks see global values); each names
+        # the file with its own last lines.
+        log = rank_log.current()
+        rank_log.error(f"{e}; latest checkpoint: {latest or 'none'}"
+                       + (f"; last lines: {log}" if log else ""))
         sys.exit(1)
 
 

@@ -5,7 +5,8 @@
         python -m tf_gan_scale.main --strategy=multi_worker_mirrored \
             --config=experiments/digits.py --workdir=/tmp/digits_mw
 
-Every worker gets its TF_CONFIG; logs stream prefixed `[worker i]`; Ctrl-C/SIGTERM go to
+Every worker gets its TF_CONFIG; logs stream prefixed `[worker i]` (`[client i]` with
+--mesh: the names the binary gives its own lines, which are not prefixed twice); Ctrl-C/SIGTERM go to
 all workers (each saves a preemption checkpoint and exits 143); if any worker fails, all
 are ended and the launcher exits non-zero, after restarting the group up to
 --max_restarts times (the training command resumes from its latest checkpoint).

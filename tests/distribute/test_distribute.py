@@ -137,6 +137,34 @@ def test_binary_refuses_mirrored_on_a_two_worker_tf_config(tmp_path, run):
     assert "Traceback" not in proc.stderr and not workdir.exists()
 
 
+WHY_NOT_PS = ("ParameterServerStrategy is not supported: its workers update G and D "
+              "asynchronously, each on its own batch with its own batch-norm statistics, so "
+              "training is no longer what one device trains on the global batch; use "
+              "--strategy=multi_worker_mirrored (synchronous, chief and worker tasks only) or "
+              "a DTensor mesh (--mesh=batch:B,model:M)")
+PS_CLUSTER = json.dumps({"cluster": {"chief": ["localhost:1999"], "worker": ["localhost:2000"],
+                                     "ps": ["localhost:2001", "localhost:2002"]},
+                         "task": {"type": "chief", "index": 0}})
+
+
+@pytest.mark.parametrize("strategy, env, what", [
+    ("parameter_server", {}, "--strategy=parameter_server"),
+    ("auto", {"TF_CONFIG": PS_CLUSTER},
+     "TF_CONFIG describes a parameter-server cluster (2 ps tasks; --strategy=auto)"),
+    ("multi_worker_mirrored", {"TF_CONFIG": PS_CLUSTER},
+     "TF_CONFIG describes a parameter-server cluster (2 ps tasks; "
+     "--strategy=multi_worker_mirrored)"),
+])
+def test_binary_refuses_parameter_server_training_saying_why(tmp_path, strategy, env, what):
+    workdir = tmp_path / "run"
+    proc = run_in_process(["-m", "tf_gan_scale.main", "--config=experiments/digits.py",
+                           f"--workdir={workdir}", f"--strategy={strategy}"], env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {what}: {WHY_NOT_PS}"]
+    assert "Traceback" not in proc.stderr and not workdir.exists()
+
+
 # --- which errors are reported as a lost peer ---------------------------------------
 
 def worker(index, num_workers=2):
@@ -217,6 +245,17 @@ LOCAL = ("{{function_node __wrapped__IteratorGetNext_output_types_1_device_/job:
 def test_lost_peer_is_reported_as_one(message, me, expected):
     error = tf.errors.UnavailableError(None, None, message)
     assert distribute.abort_message(error, worker(me)) == expected
+
+
+def test_a_lost_peer_line_names_its_log_file():
+    # cluster.rank_log.peer_file's role: the file of /job:JOB/.../task:I.
+    error = tf.errors.UnavailableError(None, None, PEER_KILLED)
+    line = distribute.abort_message(error, worker(0),
+                                    log_of=lambda job, i: f"/w/logs/{job}_{i}.log")
+    assert line.startswith("multi-worker run aborted, lost /job:worker/replica:0/task:1: ")
+    assert line.endswith("; last lines: /w/logs/worker_1.log")
+    # No file named where none is known (one process, a workdir on gs://).
+    assert "last lines" not in distribute.abort_message(error, worker(0), log_of=lambda j, i: None)
 
 
 @pytest.mark.parametrize("error_type, message, expected", [

@@ -148,8 +148,19 @@ def test_killed_worker_fails_the_others_in_bounded_time_and_restart_finishes(
     finally:
         launcher.close()
     log = launcher.text()
-    error = re.search(r"\[worker 0\] error: multi-worker run aborted, lost (\S+): ", log)
+    error = re.search(r"\[worker 0\] error: multi-worker run aborted, lost (\S+): .*$", log,
+                      re.MULTILINE)
     assert error and error.group(1) == "/job:worker/replica:0/task:1", log[-3000:]
+    # It names the file with the lost worker's last lines: every task's lines, prefixed
+    # once (the launcher adds none to the binary's own), in logs/<task>.log of the
+    # shared workdir, both attempts in one file.
+    assert error.group(0).endswith(f"; last lines: {workdir / 'logs' / 'worker_1.log'}")
+    assert not re.search(r"^\[worker \d\] \[worker", log, re.MULTILINE), log[-3000:]
+    files = {i: (workdir / "logs" / f"worker_{i}.log").read_text() for i in (0, 1)}
+    for i, text in files.items():
+        assert all(ln.startswith(f"[worker {i}] ") for ln in text.splitlines()), text[:3000]
+        assert text.count("starting at step 0 of 60") == 1 and "finished at step 60" in text
+    assert error.group(0) in files[0].splitlines()
     assert "worker exit codes [1, 137]" in log, log[-3000:]  # Worker 0 exited on its own.
     resumed = re.findall(r"resumed \S+ckpt-(\d+) at step (\d+) of 60", log)
     assert len(resumed) == 2 and resumed[0] == resumed[1] and int(resumed[0][0]) >= 10

@@ -132,15 +132,20 @@ def test_two_clients_equal_one_process_through_a_preemption(tmp_path, one_proces
     log = launcher.text()
     saved = {line.split("]")[0] + "]": line.rsplit(" ", 1)[1]
              for line in log.splitlines() if "preemption: saved checkpoint at step" in line}
-    assert sorted(saved) == ["[worker 0]", "[worker 1]"], log[-3000:]
+    assert sorted(saved) == ["[client 0]", "[client 1]"], log[-3000:]
     assert len(set(saved.values())) == 1  # The same step on both clients.
-    step = int(saved["[worker 0]"])
+    step = int(saved["[client 0]"])
     assert 5 <= step < 40
     assert "exited with code 143" in log and "restarting the group" in log
     assert f"resumed {workdir}/checkpoints/ckpt-{step} at step {step} of 40" in log
     assert "mesh batch:2,model:2 (CPU, 2 processes)" in log
-    # Only the chief wrote the workdir: one event file, grids, the merged checkpoints.
-    assert len(os.listdir(workdir / "logs")) == 2  # One per attempt of the chief.
+    # Only the chief wrote the workdir (one event file per attempt, grids, the merged
+    # checkpoints) but for each client's own log, both attempts' lines in one file.
+    assert len([f for f in os.listdir(workdir / "logs") if "tfevents" in f]) == 2
+    for i in (0, 1):
+        lines = (workdir / "logs" / f"client_{i}.log").read_text().splitlines()
+        assert all(ln.startswith(f"[client {i}] ") for ln in lines), lines[:5]
+        assert sum("preemption: saved checkpoint" in ln for ln in lines) == 1
     assert (workdir / "samples" / "step_0000040.png").is_file()
     assert_same_checkpoint(checkpoint_arrays(workdir), checkpoint_arrays(one_process_run))
 
@@ -177,10 +182,12 @@ def test_a_lost_client_fails_the_other_loudly(tmp_path):
         assert launcher.finish(timeout=120) == 137, launcher.text()[-3000:]
     finally:
         launcher.close()
-    lines = [ln for ln in launcher.text().splitlines() if ln.startswith("[worker 0] error:")]
+    lines = [ln for ln in launcher.text().splitlines() if ln.startswith("[client 0] error:")]
     assert lines and lines[-1].startswith(
-        "[worker 0] error: multi-worker run aborted, lost /job:worker/replica:0/task:1"), \
+        "[client 0] error: multi-worker run aborted, lost /job:worker/replica:0/task:1"), \
         launcher.text()[-3000:]
+    # DTensor names client 1 /job:worker/task:1; the line names client 1's log file.
+    assert lines[-1].endswith(f"; last lines: {tmp_path / 'run' / 'logs' / 'client_1.log'}")
     assert "worker 1 exited with code 137" in launcher.text()
 
 
@@ -205,7 +212,7 @@ def test_clients_that_restore_different_steps_refuse_to_train(tmp_path):
     assert proc.returncode == 2, proc.stdout[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if "error:" in ln]
     for client, step in ((0, 5), (1, 0)):
-        expected = (f"[worker {client}] error: the clients restored different steps (0 to "
+        expected = (f"[client {client}] error: the clients restored different steps (0 to "
                     f"5; client {client}: {step}) from --workdir={base / str(client)}; valid: "
                     f"one directory that every client shares")
         assert any(ln.startswith(expected) for ln in lines), proc.stdout[-3000:]

@@ -162,6 +162,32 @@ def cluster_from_env(env=None):
     return 1, None
 
 
+def task_name(env=None, *, mesh=False):
+    """This process's name in its cluster, as its log lines and log file carry it
+    (cluster/rank_log.py): "worker 3" or "chief 0" (TF_CONFIG's task), "worker R" (Slurm
+    rank R), "client I" (DTensor client I, `mesh`: its DTENSOR_* variables or what
+    client_env_from derives); None for a single process. tools/launch_local.py names the
+    processes it starts by the same rule."""
+    env = os.environ if env is None else env
+    if mesh:
+        clients = dict(env) if env.get("DTENSOR_JOBS") else client_env_from(env)
+        jobs = [h for h in clients.get("DTENSOR_JOBS", "").split(",") if h.strip()]
+        return f"client {int(clients.get('DTENSOR_CLIENT_ID', 0))}" if len(jobs) > 1 else None
+    num, source = cluster_from_env(env)
+    if source == "tf_config":
+        task = json.loads(env["TF_CONFIG"])["task"]
+        return f"{task['type']} {int(task['index'])}"
+    if source == "slurm":
+        return f"worker {slurm_cluster(env)[1]}"
+    return None
+
+
+def parameter_servers(env=None):
+    """The number of `ps` tasks in TF_CONFIG's cluster (0 without TF_CONFIG)."""
+    cfg = check_tf_config(os.environ if env is None else env)
+    return len(cfg["cluster"].get("ps", ())) if cfg else 0
+
+
 # ---- DTensor clients -------------------------------------------------------------------
 
 def client_env(hosts, index):

@@ -4,8 +4,10 @@
 
 Each worker gets TF_CONFIG for a cluster of `num_workers` tasks on free loopback ports and
 its own log prefix (`[worker i] `); with `mesh="batch:B,model:M"`, the DTENSOR_* variables
-of one DTensor client each instead, and `--mesh=...` after its command (a mesh run over
-all workers' devices, tf_gan_scale/parallel/). The group lives and dies together:
+of one DTensor client each instead (prefix `[client i] `), and `--mesh=...` after its
+command (a mesh run over all workers' devices, tf_gan_scale/parallel/). The prefix is the
+name the binary gives its own lines (cluster/rank_log.py): a line that starts with it
+already is passed on as it is, so each line carries one. The group lives and dies together:
   * a worker exiting non-zero (a crash, or 143 after a preemption checkpoint) ends the
     group: the others get `grace_s` to exit on their own (a peer failure reaches them
     through the collectives), then SIGKILL;
@@ -31,7 +33,7 @@ import threading
 import time
 
 from tf_gan_scale.cluster import env as cluster_env
-from tf_gan_scale.cluster import mesh_spec, startup
+from tf_gan_scale.cluster import mesh_spec, rank_log, startup
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped after saving; restart me".
 
@@ -108,7 +110,7 @@ def worker_commands(cmd, num_workers, devices_per_worker, num_gpus, host="127.0.
 class _Group:
     """The worker processes of one attempt, with their log pumps."""
 
-    def __init__(self, commands, out, lock):
+    def __init__(self, commands, out, lock, mesh=False):
         self.procs, self.pumps = [], []
         # When each worker exited (monotonic s), recorded by a thread that waits for it:
         # the supervisor reports the worker that failed FIRST. Polling cannot tell: a
@@ -124,7 +126,11 @@ class _Group:
                 # Own process group: a terminal's Ctrl-C reaches the launcher only, which
                 # forwards it; and killing the group takes the worker's children too.
                 start_new_session=True)
-            pump = threading.Thread(target=self._pump, args=(i, proc, out, lock), daemon=True)
+            # The task's own name for itself (its lines may carry it already).
+            name = (cluster_env.task_name(env, mesh=mesh)
+                    or f"{'client' if mesh else 'worker'} {i}")
+            pump = threading.Thread(target=self._pump, args=(i, name, proc, out, lock),
+                                    daemon=True)
             pump.start()
             threading.Thread(target=self._note_exit, args=(i, proc), daemon=True).start()
             self.procs.append(proc)
@@ -134,13 +140,14 @@ class _Group:
         proc.wait()
         self.exited_at[i] = time.monotonic()
 
-    def _pump(self, i, proc, out, lock):
-        prefix = f"[worker {i}] "
+    def _pump(self, i, name, proc, out, lock):
+        prefix = rank_log.prefix(name)
         for line in proc.stdout:
             if startup.WAITING in line:
                 self.joined.add(i)
+            line = line if line.endswith("\n") else line + "\n"
             with lock:
-                out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
+                out.write(line if line.startswith(prefix) else prefix + line)
                 out.flush()
 
     def never_joined(self):
@@ -215,7 +222,7 @@ def launch(cmd, num_workers, *, devices_per_worker=1, max_restarts=0, grace_s=30
                                        mesh=mesh)
             say(f"attempt {attempt + 1}/{max_restarts + 1}: starting {num_workers} workers: "
                 f"{' '.join(os.path.basename(a) if k == 0 else a for k, a in enumerate(commands[0][0]))}")
-            group = _Group(commands, out, lock)
+            group = _Group(commands, out, lock, mesh=mesh is not None)
             try:
                 rc, why = _supervise(group, stop, grace_s, poll_s)
             finally:

@@ -15,6 +15,8 @@ Names (`--strategy`):
                          (--cluster_resolver: TF_CONFIG or Slurm); collective all-reduce,
                          --collective=auto (NCCL with GPUs, else RING) | ring | nccl.
   tpu                    TPUStrategy through TPUClusterResolver(--tpu).
+  parameter_server       refused (also `auto` and every other name under a TF_CONFIG with
+                         `ps` tasks), with one line saying why: refuse_parameter_server.
 
 Multi-worker failure detection: every worker heartbeats to the coordination service
 (on worker 0); a worker silent for --peer_timeout_s (e.g. killed) aborts the collectives
@@ -48,6 +50,22 @@ STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 COLLECTIVES = ("auto", "ring", "nccl")
 TPU_CONNECT_TIMEOUT_S = 30
+PARAMETER_SERVER = "parameter_server"  # A name that is refused, not one of STRATEGIES.
+
+
+def refuse_parameter_server(what):
+    """The ConfigError for a ParameterServerStrategy run (`what`: the flag or cluster
+    that asked for one): the one place that says why (docs/multi_worker.md,
+    "ParameterServerStrategy"). Its workers run steps a ClusterCoordinator schedules
+    asynchronously against variables on the ps tasks: G and D are updated from gradients
+    of stale weights, each worker's batch on its own with its own batch-norm
+    statistics, so the result is no longer one device's on the global batch."""
+    return errors.ConfigError(
+        f"{what}: ParameterServerStrategy is not supported: its workers update G and D "
+        f"asynchronously, each on its own batch with its own batch-norm statistics, so "
+        f"training is no longer what one device trains on the global batch; use "
+        f"--strategy=multi_worker_mirrored (synchronous, chief and worker tasks only) or a "
+        f"DTensor mesh (--mesh=batch:B,model:M)")
 
 
 def configure_cpu_devices(num):
@@ -97,8 +115,17 @@ def choose_strategy(name, cluster_resolver="tf_config", env=None):
     any other TensorFlow op). In a cluster of more than one task, `auto` becomes
     multi_worker_mirrored with the resolver of what describes the cluster, and the
     single-process strategies raise ConfigError: every task would train alone on its own
-    data and write the same workdir. Otherwise the names are returned unchanged.
+    data and write the same workdir. ParameterServerStrategy, by name or by `ps` tasks in
+    TF_CONFIG, raises ConfigError (refuse_parameter_server). Otherwise the names are
+    returned unchanged.
     """
+    if name == PARAMETER_SERVER:
+        raise refuse_parameter_server(f"--strategy={name}")
+    num_ps = cluster_env.parameter_servers(env)
+    if num_ps:  # MWMS would fail on the ps job with TensorFlow's own error.
+        raise refuse_parameter_server(
+            f"TF_CONFIG describes a parameter-server cluster ({num_ps} ps "
+            f"task{'s' if num_ps > 1 else ''}; --strategy={name})")
     num_tasks, source = cluster_env.cluster_from_env(env)
     if source is None:
         return name, cluster_resolver
@@ -131,7 +158,8 @@ def make_strategy(name="auto", *, num_gpus=None, tpu=None, collective="auto",
     GPU; configure_cpu_devices must have split the CPU) and `startup_timeout_s` (how long
     to wait for the other tasks: see join_cluster).
     """
-    errors.choose("strategy", name, {s: s for s in STRATEGIES})
+    if name != PARAMETER_SERVER:  # Refused by choose_strategy, with its reason.
+        errors.choose("strategy", name, {s: s for s in STRATEGIES})
     errors.choose("collective", collective, {c: c for c in COLLECTIVES})
     errors.choose("cluster resolver", cluster_resolver, {r: r for r in CLUSTER_RESOLVERS})
     if name != "tpu":
@@ -371,19 +399,27 @@ def first_cause(message):
     return ""
 
 
-def abort_message(error, strategy):
+def abort_message(error, strategy, log_of=None):
     """One line for a tf.errors.OpError that ended training.
+
+    log_of(job, index): the log file of the task TensorFlow names /job:JOB/.../task:INDEX
+    (cluster.rank_log.peer_file), or None.
 
     Returns:
         "multi-worker run aborted, lost PEERS: CAUSE" when the error says other workers
-        were lost (see lost_peers), else "ErrorType: CAUSE" (the error's first line that
-        is not traceback).
+        were lost (see lost_peers), followed by "; last lines: FILE" when `log_of` knows
+        the lost task's log file; else "ErrorType: CAUSE" (the error's first line that is
+        not traceback).
     """
     message = str(getattr(error, "message", error))
     cause = first_cause(message)
     peers = lost_peers(message, strategy)
     if peers:
-        return f"multi-worker run aborted, lost {' '.join(peers)}: {cause}"
+        files = [log_of(job, int(index)) for peer in peers
+                 for job, index in _TASK.findall(peer)] if log_of else []
+        files = ", ".join(f for f in files if f)
+        return (f"multi-worker run aborted, lost {' '.join(peers)}: {cause}"
+                + (f"; last lines: {files}" if files else ""))
     return f"{type(error).__name__}: {cause or 'no message'}"
 
 

@@ -21,6 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import errors
+from tf_gan_scale.cluster import rank_log
 from tf_gan_scale.gan import StepConfig
 from tf_gan_scale.parallel import layouts
 from tf_gan_scale.parallel import mesh as mesh_lib
@@ -140,6 +141,7 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     if config.get("eval") is not None and config.eval.every > 0:
         score = prepare.make_scorer(config, view, source, strategy, chief=chief)
     # --- nothing above wrote to the workdir -------------------------------------------
+    rank_log.open_file(workdir)  # In a cluster: logs/<task>.log, from every task.
     split = sum(any(spec) for spec in plan.values())
     logging.info("%s at step %d of %d; mesh batch:%d,model:%d (%s, %d process%s), %d of "
                  "%d weights split, global batch %d, data %s (%d examples)",

@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_gan_scale import data, distribute
+from tf_gan_scale.cluster import rank_log
 from tf_gan_scale.training import build, callbacks, prepare
 from tf_gan_scale.training import workdir as workdir_lib
 
@@ -37,6 +38,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     if config.get("eval") is not None and config.eval.every > 0:
         score = prepare.make_scorer(config, model, source, strategy, chief=chief)
     # --- nothing above wrote to the workdir -------------------------------------------
+    rank_log.open_file(workdir)  # In a cluster: logs/<task>.log, from every task.
     logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples), "
                  "%d steps per call", f"resumed {p.restored}" if p.restored else "starting",
                  start, t.num_steps, strategy.num_replicas_in_sync, t.global_batch_size,

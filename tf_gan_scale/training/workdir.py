@@ -5,11 +5,12 @@ Workdir layout:
     checkpoints/ckpt-STEP.*      G, D, both optimizers (and so the step)
     samples/step_XXXXXXX.png     sample grids from fixed latents
     logs/                        TensorBoard event files (eval/<metric> with config.eval)
+    logs/<task>.log              in a cluster: each task's log lines (cluster/rank_log.py)
     metrics.jsonl                one line of scores per evaluation (config.eval.every > 0)
     checkpoints/best/ckpt-STEP.* the best checkpoint by config.eval.best (outside rotation)
 
-Only the chief (worker 0, DTensor client 0) writes it; every worker reads it on resume,
-so it is one directory they all share.
+Only the chief (worker 0, DTensor client 0) writes it, but for each task's own log file;
+every worker reads it on resume, so it is one directory they all share.
 """
 
 import json
