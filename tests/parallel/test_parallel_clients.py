@@ -286,3 +286,31 @@ def test_every_client_refreshes_g_and_saves_at_the_same_steps(tmp_path, monkeypa
     assert (tmp_path / "checkpoints" / "checkpoint").exists() == chief
     assert (tmp_path / "run.json").exists() == chief
     assert (tmp_path / "samples").exists() == chief
+
+
+@pytest.mark.slow  # One 4-CPU process and two 2-CPU clients of the tiny BigGAN, ~1.5 min.
+def test_two_clients_train_the_conditional_biggan_as_one_process(tmp_path):
+    """The conditional BigGAN (tests/helpers/tiny_biggan_config.py: hierarchical z, shared
+    embedding, cBN, self-attention, spectral norm, projection D, LeCam, an EMA) on one
+    batch:2,model:2 mesh over 2 processes x 2 logical CPUs ends where the same mesh in
+    one process ends, every checkpointed variable: labels, latents and the split
+    embeddings meet across processes as within one."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.integers(0, 256, (64, 16, 16, 1)).astype(np.uint8),
+             y=np.arange(64) % 4)
+    args = ["--config=tests/helpers/tiny_biggan_config.py", f"--config.data.source=npz:{data}"]
+    one = tmp_path / "one"
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--workdir={one}", *args, f"--mesh={MESH}",
+                    "--num_cpu_devices=4"], env=NO_GCE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = tmp_path / "two"
+    launcher = Launcher(tmp_path, [f"--workdir={two}", *args], mesh=MESH,
+                        devices_per_worker=2)
+    try:
+        assert launcher.finish() == 0, launcher.text()[-3000:]
+    finally:
+        launcher.close()
+    assert "mesh batch:2,model:2 (CPU, 2 processes)" in launcher.text()
+    assert_same_checkpoint(checkpoint_arrays(two), checkpoint_arrays(one))
