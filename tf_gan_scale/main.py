@@ -73,8 +73,9 @@ flags.DEFINE_string("tfds_data_dir", None, "TensorFlow Datasets data directory."
 flags.DEFINE_string("mesh", None, "batch:B,model:M: train on a DTensor mesh of B x M devices "
                     "(weights split over 'model'); overrides config.parallel.mesh.")
 flags.DEFINE_string("placement", None, "g:I,d:J: G on device I, D on device J of this "
-                    "process (micro-batches: config.train.accumulation_steps); overrides "
-                    "config.parallel.placement.")
+                    "process; or stages:K[,recompute:1]: G and D each in K pipeline stages "
+                    "on devices 0..K-1, GPipe schedule (micro-batches: "
+                    "config.train.accumulation_steps); overrides config.parallel.placement.")
 FLAGS = flags.FLAGS
 
 # Flags of the tf.distribute path: meaningless on a mesh, so given with one they are an error.

@@ -42,6 +42,7 @@ class Topology:
     `join(parts)` concatenates per-example tensors along examples ([real; fake]);
     `on(net)` is the device scope of network "g" or "d". Forward AND backward ops go where
     they are created: each network's gradient is taken inside its own scope.
+    `d_micro_batches` / `g_micro_batches`: how an update's micro-batches run.
     `sparse_updates`: whether an embedding's IndexedSlices gradient may reach the
     optimizer as is (a scatter update of the rows it touched) or must be made dense."""
 
@@ -53,6 +54,14 @@ class Topology:
     def on(self, net):
         del net
         return contextlib.nullcontext()
+
+    def d_micro_batches(self, step_math, *args):
+        """How an update's micro-batches run: one after the other (GanStep's loop). A
+        pipeline (parallel/pipeline.py) runs them in its schedule instead."""
+        return step_math.d_micro_batches(*args)
+
+    def g_micro_batches(self, step_math, *args):
+        return step_math.g_micro_batches(*args)
 
 
 REPLICAS = Topology()  # tf.distribute strategies and one device.
@@ -217,6 +226,30 @@ class GanStep:
         its noise inputs are drawn for the global rows `rows`."""
         with latents.example_rows(rows):
             return tf.cast(self.style[1](ws, training=training), tf.float32)
+
+    def d_micro_batches(self, real, real_labels, rows, gb, step, k, penalty_due=None):
+        """D's gradients of one update summed over the micro-batches (`micro_batches`),
+        one after the other, in order: (grads, [each one's loss share], riders summed)."""
+        grads, shares, means = None, [], []
+        for part in self.micro_batches():
+            g, share, m = self.d_grads(real[part], real_labels[part], rows[part], gb,
+                                       step, k, penalty_due)
+            grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
+            shares.append(share)
+            means = m if not means else [x + y for x, y in zip(means, m)]
+        return grads, shares, means
+
+    def g_micro_batches(self, rows, gb, step):
+        """G's gradients of one update summed over the micro-batches, in order: (grads,
+        [each one's loss share], [each one's sum of w] of a style generator, else [])."""
+        grads, shares, w_sums = None, [], []
+        for j, part in enumerate(self.micro_batches()):
+            g, share, w_sum = self.g_grads(rows[part], gb, step, regularize=j == 0)
+            grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
+            shares.append(share)
+            if w_sum is not None:
+                w_sums.append(w_sum)
+        return grads, shares, w_sums
 
     def micro_batches(self):
         """Slices of this replica's rows for gradient accumulation: micro-batch j of K
@@ -383,14 +416,9 @@ class GanStep:
         rows = replica.global_rows(b)  # The global rows of `real`: latents follow them.
         if k == 0:  # Before this step's first augmentation.
             self.ada_adjust(step, gb)
-        grads, shares, means = None, [], []
         with self.topology.on("d"):  # G's forward passes inside go to G's device.
-            for part in self.micro_batches():
-                g, share, m = self.d_grads(real[part], real_labels[part], rows[part], gb,
-                                           step, k, penalty_due)
-                grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
-                shares.append(share)
-                means = m if not means else [x + y for x, y in zip(means, m)]
+            grads, shares, means = self.topology.d_micro_batches(
+                self, real, real_labels, rows, gb, step, k, penalty_due)
             (d_loss, count, *means), finite, norm, skipped = self.apply(
                 self.d_optimizer, grads, self.discriminator.trainable_variables,
                 [tf.add_n(shares), b] + means)
@@ -410,14 +438,8 @@ class GanStep:
         D batches) rides along, so every replica and worker reaches the same verdict."""
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
-        grads, shares, w_sums = None, [], []
         with self.topology.on("g"):  # D's passes inside go to D's device.
-            for j, part in enumerate(self.micro_batches()):
-                g, share, w_sum = self.g_grads(rows[part], gb, step, regularize=j == 0)
-                grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
-                shares.append(share)
-                if w_sum is not None:
-                    w_sums.append(w_sum)
+            grads, shares, w_sums = self.topology.g_micro_batches(self, rows, gb, step)
             riders = [tf.add_n(shares), uneven] + ([tf.add_n(w_sums)] if w_sums else [])
             (g_loss, uneven, *w_sum), finite, norm, skipped = self.apply(
                 self.g_optimizer, grads, self.generator.trainable_variables, riders)

@@ -10,8 +10,8 @@ file's compile config holds.
 
 Each field's metadata says which engines run it (`ENGINES`: "replicas" for tf.distribute
 strategies and one device, "placement" for G and D on two devices, "mesh" for a DTensor
-mesh); `unsupported(engine)` lists the knobs that are on and that an engine cannot run,
-from which the engines derive their refusals.
+mesh, "pipeline" for K pipeline stages); `unsupported(engine)` lists the knobs that are on
+and that an engine cannot run, from which the engines derive their refusals.
 """
 
 import dataclasses
@@ -25,7 +25,8 @@ from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.gan import augment as augment_lib
 from tf_gan_scale.gan import checks, losses, penalties
 
-ENGINES = ("replicas", "placement", "mesh")
+ENGINES = ("replicas", "placement", "mesh", "pipeline")
+NOT_PIPELINED = ("replicas", "placement", "mesh")
 ADA = "ada"  # config.train.augment value of StyleGAN2-ADA's adaptive pipeline.
 JIT_CHOICES = ("auto", "true", "false")
 
@@ -49,7 +50,8 @@ class StepConfig:
                                  "auto | true | false (auto: off)")
     accumulation_steps: int = _knob(1, engines=ENGINES,
                                     doc="K micro-batches per update, one all-reduce")
-    penalty: Any = _knob("none", engines=ENGINES,
+    # Not in a pipeline: a gradient penalty is a second backward pass through every stage.
+    penalty: Any = _knob("none", engines=NOT_PIPELINED,
                          doc="a name in penalties.PENALTIES or a callable")
     penalty_weight: float = _knob(0.0, doc="weight of the per-example penalty in D's loss")
     penalty_every: int = _knob(1, doc="lazy regularization: the penalty every k-th D "
@@ -69,7 +71,8 @@ class StepConfig:
     instance_noise: float = _knob(0.0, doc="std of Gaussian noise on every D input")
     instance_noise_steps: int = _knob(0, doc="anneal instance noise to 0 over this many "
                                              "G steps (0: constant)")
-    ortho_weight: float = _knob(0.0, doc="BigGAN's orthogonal regularization of G")
+    ortho_weight: float = _knob(0.0, engines=NOT_PIPELINED,
+                                doc="BigGAN's orthogonal regularization of G")
     grad_pack_bytes: int = _knob(0, doc="all-reduce gradients in packs of this size, "
                                         "last layers first (0: one all-reduce)")
     grad_nan_to_num: bool = _knob(False, engines=("replicas",),

@@ -144,8 +144,9 @@ def validate(config, num_replicas):
                 f"config.train.{key}={t[key]} needs a style generator; Received: "
                 f"config.model.name={config.model.name!r}; valid: 'stylegan2', or {key}=0")
     if build.placement_of(config):
-        placement.check(build.placement_of(config), num_replicas,
-                        StepConfig.from_train(t).xla)
+        step_config = StepConfig.from_train(t)
+        placement.check(build.placement_of(config), num_replicas, step_config.xla,
+                        step_config)
     k = t.get("accumulation_steps", 1)
     per_replica = t.global_batch_size // num_replicas
     if per_replica % k:
