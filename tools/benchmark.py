@@ -11,7 +11,8 @@ figures: docs/performance.md).
         --strategy=one_device                      # pipeline batches/sec vs the train step's
     python tools/benchmark.py --config=experiments/dcgan_mnist.py --synthetic=28,28,1 \
         --num_cpu_devices=2 --baseline=false --mesh=batch:2,model:1 --mesh=batch:1,model:2 \
-        [--placement=g:0,d:1]                      # DTensor meshes, G and D on two devices
+        [--placement=g:0,d:1 | --placement=stages:2]  # meshes, a placement or pipeline
+                                                   # (per-device busy time from a profile)
     python tools/benchmark.py --config=experiments/biggan_imagenet128.py \
         --synthetic=128,128,3 --memory_classes=1000 --num_cpu_devices=4 \
         --mesh=batch:1,model:4                     # bytes per device, built not trained
@@ -77,8 +78,10 @@ flags.DEFINE_boolean("mesh_combining", False, "With one --mesh: time it with DTe
                      "all-reduce combining pass off (the framework's setting) and on, each "
                      "in its own process (TensorFlow reads the switch once), alternating "
                      "--repeats times, and count each step's collectives.")
-flags.DEFINE_string("placement", None, "g:I,d:J: also time training with G on device I and "
-                    "D on device J of this process, interleaved with --strategy's run.")
+flags.DEFINE_string("placement", None, "g:I,d:J (G on device I, D on device J) or "
+                    "stages:K[,recompute:1] (pipeline stages): also time training so, "
+                    "interleaved with --strategy's run, and profile each device's busy "
+                    "time (the pipeline's bubble).")
 FLAGS = flags.FLAGS
 
 

@@ -22,6 +22,7 @@ from tf_gan_scale import data, errors, training
 from tf_gan_scale.gan import StepConfig
 from tf_gan_scale.parallel import pipeline, placement
 from tf_gan_scale.parallel.pipeline import BACKWARD, FORWARD, Cell
+from tf_gan_scale.training import benchmark
 
 TOL = 1e-6  # Recomputation: 6e-8 measured; a 2x learning rate moves weights by >1e-2.
 
@@ -187,3 +188,18 @@ def test_binary_four_stages_trains_the_one_device_model(tmp_path):
     assert_same_checkpoint(checkpoint_arrays(runs["piped"]), checkpoint_arrays(runs["one"]),
                            atol=TOL)
     assert '"placement": "stages:4"' in (runs["piped"] / "run.json").read_text()
+
+
+def test_union_of_intervals():
+    assert benchmark._union([(5, 6), (0, 2), (1, 3), (5, 5)]) == 4
+
+
+@pytest.mark.slow  # A profiled step (tools/benchmark.py's pipeline report).
+def test_profile_sees_each_stage_busy_part_of_the_step():
+    gan = trained("stages:2", steps=1)
+    source = data.load(config_of().data.source)
+    report = benchmark.device_profile(
+        gan, data.make_dataset(source, global_batch_size=32, seed=0), steps=1)
+    assert report["devices"] == ["device:CPU:0", "device:CPU:1"]
+    assert all(0 < busy < report["span_ms"] for busy in report["busy_ms"]), report
+    assert 0 < report["bubble"] < 1, report

@@ -7,12 +7,16 @@ the best of each is reported.
 """
 
 import dataclasses
+import glob
+import os
 import resource
+import tempfile
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from tf_gan_scale import architectures, data, perf, precision
 from tf_gan_scale.cluster import mesh_spec
@@ -233,6 +237,16 @@ def time_training(config, strategy, source, *, strategy_name, steps, warmup, rep
         result["placement"] = {"spec": placement, **_timed(times["placement"], gb, d_steps),
                                f"speed_vs_{strategy_name}": round(
                                    step_time / min(times["placement"]), 3)}
+        topology = runs["placement"][0].topology
+        # Where each device waits: measured from a profile, after the timing.
+        result["placement"]["profile"] = device_profile(runs["placement"][0], dataset,
+                                                        d_steps)
+        if getattr(topology, "stages", None):
+            k, m = topology.stages, config.train.accumulation_steps
+            result["placement"]["schedule_bubble"] = round((k - 1) / (m + k - 1), 3)
+            result["placement"]["params_per_device"] = [
+                sum(int(np.prod(w.shape)) for net in (topology.g, topology.d)
+                    for w in net.variables[s]) for s in range(k)]
     if mesh_runs:
         result["params_per_device"] = {n.name: n.count_params()
                                        for n in (model.generator, model.discriminator)}
@@ -243,6 +257,77 @@ def time_training(config, strategy, source, *, strategy_name, steps, warmup, rep
                    "bytes_per_device_step": run.bytes}
             for spec, run in mesh_runs.items()}
     return result
+
+
+def device_profile(model, dataset, d_steps=1, steps=3):
+    """Per-device busy time of `model`'s train step from TensorFlow's profiler: each of
+    `steps` steps (after one untimed) is traced alone, each op event is attributed to the
+    device its node was placed on (the traced graph's op.device; events of no node of
+    the step, e.g. copies between devices, are left out), and a device's busy time is the
+    union of its ops' intervals. bubble = 1 - busy / (devices x span), span from the
+    step's first op to its last. Logical CPUs share the machine's cores: busy time then
+    shows the schedule (when a device has work), not a speed.
+
+    Returns {"devices": [...], "span_ms", "busy_ms" per device, "bubble": the median
+    over steps, "unattributed_events": op events of no node of the step}."""
+    batches = iter(dataset)
+
+    def batch():
+        return next(batches) if d_steps == 1 else tuple(next(batches) for _ in range(d_steps))
+
+    fn = tf.function(model.train_step)
+    first = batch()
+    graph = fn.get_concrete_function(first).graph
+    device_of = {op.name: op.device for op in graph.get_operations() if op.device}
+    names = sorted({d for d in device_of.values()})
+    fn(first)
+    runs = []
+    for _ in range(steps):
+        data_ = batch()
+        with tempfile.TemporaryDirectory() as logdir:
+            tf.profiler.experimental.start(logdir)
+            fn(data_)
+            tf.profiler.experimental.stop()
+            path = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"),
+                                    recursive=True))[-1]
+            space = xplane_pb2.XSpace()
+            with open(path, "rb") as f:
+                space.ParseFromString(f.read())
+        intervals, other = {d: [] for d in names}, 0
+        for plane in space.planes:
+            for line in plane.lines:
+                for event in line.events:
+                    full = plane.event_metadata[event.metadata_id].name
+                    name = full.split(":")[0]
+                    if name not in device_of:
+                        other += ":" in full and "::" not in full  # An op ("name:Type").
+                        continue
+                    start = line.timestamp_ns * 1000 + event.offset_ps
+                    intervals[device_of[name]].append((start, start + event.duration_ps))
+        every = [iv for ivs in intervals.values() for iv in ivs]
+        t0, t1 = min(a for a, _ in every), max(b for _, b in every)
+        busy = {d: _union(ivs) for d, ivs in intervals.items()}
+        runs.append((1.0 - sum(busy.values()) / (len(names) * (t1 - t0)), t1 - t0, busy,
+                     other))
+    bubble, span, busy, other = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    return {"devices": [d.rsplit("/", 1)[-1] for d in names],
+            "span_ms": round(span / 1e9, 2),
+            "busy_ms": [round(busy[d] / 1e9, 2) for d in names],
+            "bubble": round(bubble, 3), "all_bubbles": [round(r[0], 3) for r in runs],
+            "unattributed_events": other}
+
+
+def _union(intervals):
+    """Total length of the union of [start, end) intervals."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
 
 
 def counted(source):
