@@ -112,3 +112,30 @@ def test_the_launcher_prefixes_each_line_once(tmp_path):
     for i in (0, 1):
         assert lines.count(f"[worker {i}] mine") == 1 and lines.count(f"[worker {i}] plain") == 1
     assert not any("] [" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_warnings_capture_is_put_back(before):
+    # The binary also runs in-process (cli.run_main): a caller's capture stays as it was.
+    logging.captureWarnings(before)
+    try:
+        with rank_log.started("worker 0"):
+            assert logging._warnings_showwarning is not None
+        assert (logging._warnings_showwarning is not None) == before
+    finally:
+        logging.captureWarnings(False)
+
+
+@pytest.mark.slow
+def test_a_command_with_its_own_mesh_is_prefixed_as_a_client_once(tmp_path):
+    # Launched without --mesh but carrying one, each process is DTensor client i (from its
+    # TF_CONFIG) and prefixes "[client i] " itself: the launcher must not add "[worker i] ".
+    code = ("import json, os; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            "print(f'[client {i}] mine'); print('plain', flush=True)")
+    out = io.StringIO()
+    assert launch.launch([sys.executable, "-c", code, "--mesh=batch:2,model:1"], 2,
+                         num_gpus=0, out=out) == 0
+    lines = out.getvalue().splitlines()
+    for i in (0, 1):
+        assert lines.count(f"[client {i}] mine") == 1 and lines.count(f"[client {i}] plain") == 1
+    assert not any("] [" in ln or ln.startswith("[worker") for ln in lines), lines

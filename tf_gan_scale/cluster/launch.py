@@ -126,9 +126,12 @@ class _Group:
                 # Own process group: a terminal's Ctrl-C reaches the launcher only, which
                 # forwards it; and killing the group takes the worker's children too.
                 start_new_session=True)
-            # The task's own name for itself (its lines may carry it already).
-            name = (cluster_env.task_name(env, mesh=mesh)
-                    or f"{'client' if mesh else 'worker'} {i}")
+            # The task's own name for itself (its lines may carry it already): a client
+            # when the launcher makes a mesh or the command asks for one itself (then its
+            # TF_CONFIG makes it DTensor client i, and it prefixes "[client i] ").
+            client = mesh or any(a.startswith("--mesh") for a in argv)
+            name = (cluster_env.task_name(env, mesh=client)
+                    or f"{'client' if client else 'worker'} {i}")
             pump = threading.Thread(target=self._pump, args=(i, name, proc, out, lock),
                                     daemon=True)
             pump.start()

@@ -83,19 +83,23 @@ class _KeepThenWrite(logging.Handler):
             self.handleError(record)
 
     def write(self, text):
-        if self.file is None:
-            self.kept = (self.kept + [text])[-_KEEP:]
-        else:
-            self.file.write(text + "\n")
-            self.file.flush()
+        # Under the handler's lock (logging's emit holds it already; `error` does not):
+        # another thread's line cannot land between the kept lines and the file's start.
+        with self.lock:
+            if self.file is None:
+                self.kept = (self.kept + [text])[-_KEEP:]
+            else:
+                self.file.write(text + "\n")
+                self.file.flush()
 
     def open(self, filename):
         os.makedirs(os.path.dirname(filename), exist_ok=True)
-        self.file = open(filename, "a", encoding="utf-8")
-        for text in self.kept:
-            self.file.write(text + "\n")
-        self.file.flush()
-        self.kept = []
+        with self.lock:
+            self.file = open(filename, "a", encoding="utf-8")
+            for text in self.kept:
+                self.file.write(text + "\n")
+            self.file.flush()
+            self.kept = []
 
     def close(self):
         if self.file is not None:
@@ -122,13 +126,16 @@ def started(task):
     keep.setFormatter(formatter)
     absl_handler.setFormatter(formatter)
     logging.root.addHandler(keep)
-    logging.captureWarnings(True)  # Python warnings become prefixed log records.
+    # Python warnings become prefixed log records; whether they were captured before is
+    # put back after (the binary also runs in-process, inside a caller's logging).
+    captured = getattr(logging, "_warnings_showwarning", None) is not None
+    logging.captureWarnings(True)
     _ACTIVE.update(task=task, handler=keep, path=None)
     try:
         yield
     finally:
         _ACTIVE.clear()
-        logging.captureWarnings(False)
+        logging.captureWarnings(captured)
         logging.root.removeHandler(keep)
         keep.close()
         absl_handler.setFormatter(saved)
