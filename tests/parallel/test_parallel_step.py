@@ -103,6 +103,16 @@ def test_regularized_steps_on_a_mesh_equal_one_device(spec, arch, convs, train):
     check(equivalence(spec, arch, "sgd", steps=10, convs=convs, train=train), 10)
 
 
+@pytest.mark.slow  # ~10-30 s each.
+@pytest.mark.parametrize("spec, arch, convs, train", REGULARIZED_CASES[::2],
+                         ids=lambda c: c if isinstance(c, str) else None)
+def test_a_doubled_learning_rate_misses_the_regularized_cases(spec, arch, convs, train):
+    # The control of the cases above (WGAN-GP; LeCam on the conditional BigGAN): the same
+    # settings, 3 steps, the mesh's gradients doubled (as a 2x learning rate).
+    out = equivalence(spec, arch, "sgd", steps=3, convs=convs, train=train, lr_scale=2.0)
+    assert out["max_diff"] > 100 * TOL, out
+
+
 # Mixed precision: both runs compute in the same policy, so they differ by its rounding
 # alone, which grows quickly in 16-bit activations. The measure is relative: |w_mesh -
 # w_ref| / |w_ref - w_start| over trainable weights (1 = off by the whole update). Measured

@@ -81,16 +81,21 @@ def place_optimizer(optimizer, mesh):
             owner = max(owners, key=lambda w: len(w.path))
             spec = tuple(None if a == dtensor.UNSHARDED else a
                          for a in dtensor.fetch_layout(owner._value).sharding_specs)
-        value = tensors.to_mesh(v._value.read_value(), mesh, spec)
-        v._value = dtensor.DVariable(value, trainable=v.trainable, name=v.name)
+        place(v, mesh, spec)
+
+
+def place(variable, mesh, spec):
+    """Moves a Keras variable onto `mesh` with sharding `spec` (a mesh axis or None per
+    dimension), in place: it stays the same Keras variable, so checkpoints see no
+    difference."""
+    value = tensors.to_mesh(variable._value.read_value(), mesh, spec)
+    variable._value = dtensor.DVariable(value, trainable=variable.trainable,
+                                        name=variable.name)
 
 
 def place_replicated(variable, mesh):
-    """Moves a Keras variable onto `mesh`, replicated, in place (it stays the same Keras
-    variable: checkpoints see no difference)."""
-    value = tensors.to_mesh(variable._value.read_value(), mesh, (None,) * len(variable.shape))
-    variable._value = dtensor.DVariable(value, trainable=variable.trainable,
-                                        name=variable.name)
+    """`place`, replicated on every device."""
+    place(variable, mesh, (None,) * len(variable.shape))
 
 
 def _unsupported_layers(models):

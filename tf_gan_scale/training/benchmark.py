@@ -113,13 +113,10 @@ class MeshRun:
     """
 
     def __init__(self, config, source, input_fn, spec, costs=None):
-        mesh_runner.check_config(config)
-        self.dims = mesh_spec.parse(spec)
+        self.dims, gan, plan = _mesh_gan(config, source.shape, source.num_classes, spec)
         mesh = mesh_lib.make(self.dims)
-        gan = build.build_gan(config, source.shape, source.num_classes)
         nets = (gan.generator, gan.discriminator)
         overrides = tuple(tuple(o) for o in config.parallel.layouts)
-        plan = layouts.plan(nets, self.dims, overrides)
         # What one device communicates per GAN step, from the cost model (on the plain
         # models, before MeshTrainer moves them): bytes of the tensors of each kind of
         # collective and bytes the device sends in ring collectives (cost_model).
@@ -159,6 +156,18 @@ def _bytes_per_device(variables):
     return total
 
 
+def _mesh_gan(config, shape, num_classes, spec):
+    """What `main --mesh` prepares before placing: the config checked for the mesh, the
+    mesh dims of `spec`, the GAN built (plain weights, same seed as any other run) and
+    its layout plan. Returns (dims, gan, plan)."""
+    mesh_runner.check_config(config)
+    dims = mesh_spec.parse(spec)
+    gan = build.build_gan(config, shape, num_classes)
+    plan = layouts.plan((gan.generator, gan.discriminator), dims,
+                        tuple(tuple(o) for o in config.parallel.layouts))
+    return dims, gan, plan
+
+
 def mesh_memory(config, shape, num_classes, spec):
     """What each device of mesh `spec` holds of the GAN of `config` for data of `shape`
     with `num_classes` classes: built and placed as
@@ -168,11 +177,8 @@ def mesh_memory(config, shape, num_classes, spec):
     Returns {"mesh", "split_weights", "one_device": {"weights", "optimizer"} bytes,
     "per_device": {"weights", "optimizer"} [bytes of device i]} for G, D and their
     optimizers (Keras' own: Adam holds two slots per weight)."""
-    mesh_runner.check_config(config)
-    dims = mesh_spec.parse(spec)
-    gan = build.build_gan(config, shape, num_classes)
+    dims, gan, plan = _mesh_gan(config, shape, num_classes, spec)
     nets = (gan.generator, gan.discriminator)
-    plan = layouts.plan(nets, dims, tuple(tuple(o) for o in config.parallel.layouts))
     optimizers = (gan.g_optimizer, gan.d_optimizer)
 
     def whole(variables):
