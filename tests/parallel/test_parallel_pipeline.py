@@ -20,6 +20,7 @@ from helpers import sgd_config as sgd_module
 from helpers.mw_helpers import assert_same_checkpoint, checkpoint_arrays
 from tf_gan_scale import data, errors, training
 from tf_gan_scale.gan import StepConfig
+from tf_gan_scale.layers.replica_dropout import ReplicaDropout
 from tf_gan_scale.parallel import pipeline, placement
 from tf_gan_scale.parallel.pipeline import BACKWARD, FORWARD, Cell
 from tf_gan_scale.training import benchmark
@@ -60,12 +61,19 @@ def config_of(accumulation_steps=4, lr=0.05):
     return config
 
 
-def trained(spec, steps=3, **kwargs):
+def trained(spec, steps=3, unknown_batch=False, **kwargs):
+    """`spec`'s GAN after `steps` steps; with `unknown_batch`, the step traced for
+    batches of any size (a user's dataset without drop_remainder, numpy through fit)."""
     config = config_of(**kwargs)
     source = data.load(config.data.source)
     gan = training.build_gan(config, source.shape, 0, spec)
-    batches = iter(data.make_dataset(source, global_batch_size=32, seed=0))
-    step = tf.function(gan.train_step)
+    dataset = data.make_dataset(source, global_batch_size=32, seed=0)
+    batches = iter(dataset)
+    signature = None
+    if unknown_batch:
+        signature = [tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), dataset.element_spec)]
+    step = tf.function(gan.train_step, input_signature=signature)
     for _ in range(steps):
         step(next(batches))
     return gan
@@ -86,8 +94,9 @@ def one_device():
 
 def test_two_stages_equal_one_device_bit_for_bit(one_device):
     # SGD, batch norm in G and D, dropout, 4 micro-batches, 3 steps (stages:4 on 4 CPUs:
-    # the slow binary test).
-    piped = trained("stages:2")
+    # the slow binary test). Traced for batches of unknown size: D's loss must still
+    # split its logits into real and fake (the slow tests run the static shapes).
+    piped = trained("stages:2", unknown_batch=True)
     for a, b in zip(weights(piped), weights(one_device)):
         np.testing.assert_array_equal(a, b)
     # Each stage's weights on its device, every stage starting with a kernel.
@@ -203,3 +212,156 @@ def test_profile_sees_each_stage_busy_part_of_the_step():
     assert report["devices"] == ["device:CPU:0", "device:CPU:1"]
     assert all(0 < busy < report["span_ms"] for busy in report["busy_ms"]), report
     assert 0 < report["bubble"] < 1, report
+
+
+# ---- the executors on small networks, in this process (eager unless said) ----------------
+
+CPUS = ["/device:CPU:0", "/device:CPU:1"]
+
+
+def _loss(out):
+    """A scalar whose gradient differs per output row (a plain sum would not tell rows
+    apart)."""
+    out = tf.cast(out, tf.float32)
+    weights = tf.range(1.0, 1.0 + tf.cast(tf.size(out), tf.float32))
+    return tf.reduce_sum(out * tf.reshape(weights, out.shape))
+
+
+def _piped_grads(net, entries, recompute=False):
+    """net's gradients of _loss summed over the micro-batches `entries` in GPipe's
+    schedule over its stages."""
+    schedule = pipeline.gpipe(len(net.stages), len(entries))
+    rows = [None] * len(entries)
+
+    def tail(m, out):
+        return _loss(out), None
+
+    run = pipeline.forward(net, schedule, entries, rows, tail=tail, keep=True,
+                           recompute=recompute)
+    grads, _ = pipeline.backward(net, run, schedule, entries, rows, tail=tail,
+                                 recompute=recompute)
+    return [tf.convert_to_tensor(g) for g in grads]
+
+
+def _tape_grads(model, entries):
+    """One tape per micro-batch, the gradients summed in micro-batch order."""
+    total = None
+    for xs in entries:
+        with tf.GradientTape() as tape:
+            loss = _loss(model(xs if len(xs) > 1 else xs[0], training=True))
+        g = [tf.convert_to_tensor(x) for x in tape.gradient(loss, model.trainable_variables)]
+        total = g if total is None else [a + b for a, b in zip(total, g)]
+    return total
+
+
+def _micro_batches(m, shape=(3, 6)):
+    return [[tf.random.stateless_normal(shape, [7, j])] for j in range(m)]
+
+
+def test_backward_sums_micro_batches_in_order_bit_for_bit():
+    # Eager (no Grappler to rewrite a chain of adds as one AddN): the order of the sum
+    # over micro-batches shows in the last bits.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                              keras.layers.Dense(8), keras.layers.Dense(1)])
+    entries = _micro_batches(4)
+    piped = _piped_grads(pipeline.StagedNetwork(model, CPUS), entries)
+    for a, b in zip(piped, _tape_grads(model, entries)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_recompute_replays_each_cells_state():
+    # Dropout (its call counter keys the mask) and batch norm (moving statistics) in
+    # both stages: the backward's re-run must see the state its forward cell saw, and
+    # leave the state the forward left.
+    def network():
+        keras.utils.set_random_seed(0)
+        layers = keras.layers
+        return keras.Sequential([
+            keras.Input((6,)), layers.Dense(8), layers.BatchNormalization(),
+            ReplicaDropout(0.5, seed=3), layers.Dense(8), layers.BatchNormalization(),
+            ReplicaDropout(0.5, seed=4), layers.Dense(1)])
+
+    entries = _micro_batches(3)
+    reference, model = network(), network()
+    expected = _tape_grads(reference, entries)
+    piped = _piped_grads(pipeline.StagedNetwork(model, CPUS), entries, recompute=True)
+    for a, b in zip(piped, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for a, b in zip(model.weights, reference.weights):  # Moving statistics, counters.
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def _ancestors(tensor):
+    seen, todo = set(), [tensor.op]
+    while todo:
+        op = todo.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            todo += [x.op for x in op.inputs] + list(op.control_inputs)
+    return seen
+
+
+def test_each_tick_waits_for_the_previous_one():
+    # In a traced step only the data decide an order, unless the ticks are chained:
+    # every cell of tick t must depend on every output of tick t - 1, forward and
+    # backward (there, stage 0's micro-batch m after micro-batch m - 1).
+    keras.utils.set_random_seed(0)
+    net = pipeline.StagedNetwork(keras.Sequential([
+        keras.Input((6,)), keras.layers.Dense(8), keras.layers.Dense(1)]), CPUS)
+    schedule = pipeline.gpipe(2, 3)
+    entries, rows, kept = _micro_batches(3), [None] * 3, {}
+
+    @tf.function
+    def step():
+        def tail(m, out):
+            return _loss(out), None
+
+        run = pipeline.forward(net, schedule, entries, rows, tail=tail, keep=True)
+        _, entry_grads = pipeline.backward(net, run, schedule, entries, rows, tail=tail)
+        kept.update(outputs=run.outputs, entry_grads=entry_grads)
+        return entry_grads
+
+    step.get_concrete_function()
+    forward_ticks = schedule.phase(FORWARD)
+    for before, tick in zip(forward_ticks, forward_ticks[1:]):
+        for cell in tick:
+            reached = set().union(*(_ancestors(t) for t in
+                                    kept["outputs"][(cell.stage, cell.micro)].values()))
+            for c in before:
+                for t in kept["outputs"][(c.stage, c.micro)].values():
+                    assert t.op.name in reached, (cell, c)
+    grads = [g[0] for g in kept["entry_grads"]]
+    for m in range(1, 3):
+        assert grads[m - 1].op.name in _ancestors(grads[m]), m
+
+
+def test_stages_of_a_functional_network_with_labels_shared_layers_and_ops():
+    # A tensor used by both stages, int labels through an embedding (sparse gradient),
+    # a keras.ops call (an Operation without weights), a layer called in both stages
+    # (its gradient has a part from each) and a float16 output seeded with a float32
+    # gradient (G's output under a mixed policy, seeded through its float32 cast).
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    x, y = keras.Input((6,)), keras.Input((), dtype="int32")
+    shared = layers.Dense(6, name="shared")
+    h1 = layers.Dense(6, name="first")(x)
+    h2 = shared(layers.Dense(6, name="second")(h1))
+    h3 = layers.Dense(6, name="third")(layers.Concatenate()([h2, h1]))
+    h4 = layers.Multiply()([shared(h3), layers.Embedding(5, 6, name="embed")(y)])
+    out = layers.Dense(1, name="out", dtype="float16")(keras.ops.tanh(h4))
+    model = keras.Model([x, y], out)
+    net = pipeline.StagedNetwork(model, CPUS)
+    calls = [[n.operation.name for n in stage] for stage in net.stages]
+    assert "shared" in calls[0] and "shared" in calls[1], calls
+    entries = [[e[0], tf.constant([1, 4, j], tf.int32)] for j, e in enumerate(
+        _micro_batches(2))]
+    expected = _tape_grads(model, entries)
+    for a, b in zip(_piped_grads(net, entries), expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Seeded from outside (G's backward in the G update): float32 seeds, float16 output.
+    schedule, rows = pipeline.gpipe(2, 2), [None, None]
+    run = pipeline.forward(net, schedule, entries, rows, keep=True)
+    seeds = [tf.ones([3, 1], tf.float32) for _ in entries]
+    grads, entry_grads = pipeline.backward(net, run, schedule, entries, rows, seeds=seeds)
+    assert all(g is not None for g in grads) and len(entry_grads[0]) == 1

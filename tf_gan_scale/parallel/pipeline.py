@@ -193,10 +193,17 @@ class StagedNetwork:
             later = {id(x) for n in (m for st in self.stages[s + 1:] for m in st)
                      for x in n.input_tensors} | {self.output_id}
             self.outs.append(sorted(made & later, key=self._order))
-        self.variables, self.state = [], []
+        # variables / state: the weights each stage owns (a shared layer's: the first
+        # stage that calls it), placed on its device. trainable: the trainable weights
+        # each stage's calls use, owned or not: a layer called in two stages gets the
+        # gradients of both calls.
+        self.variables, self.state, self.trainable = [], [], []
         for s, stage in enumerate(self.stages):
-            owned = [w for n in stage for w in n.operation.weights]
+            # getattr: a keras.ops call (Sum, Add, ...) in a functional graph is an
+            # Operation without weights.
+            owned = [w for n in stage for w in getattr(n.operation, "weights", [])]
             unique = list({id(w): w for w in owned}.values())
+            self.trainable.append([w for w in unique if w.trainable])
             earlier = {id(w) for vs in self.variables for w in vs} | {
                 id(w) for vs in self.state for w in vs}
             unique = [w for w in unique if id(w) not in earlier]  # Shared layers: first use.
@@ -354,7 +361,7 @@ def backward(net, run, schedule, entries, rows, *, seeds=None, variables=True,
                     entry_grads[m] = inputs_grads
                 else:
                     upstream[(s - 1, m)] = inputs_grads
-                for w, g in zip(net.variables[s], var_grads):
+                for w, g in zip(net.trainable[s], var_grads):
                     sums[id(w)] = add_grads(sums.get(id(w)), g)
                 made += [g.values if isinstance(g, tf.IndexedSlices) else g
                          for g in tf.nest.flatten(grads, expand_composites=False)
@@ -388,15 +395,17 @@ def _backward_cell(net, run, s, m, entries, rows, seeds, upstream, variables, pr
         else:
             live = run.inputs[(s, m)]
             sources = [live[i] for i in _floats(net, net.ins[s], live)]
-        var_list = list(net.variables[s]) if variables else []
+        var_list = list(net.trainable[s]) if variables else []
         if s == last and tail is not None:
             targets, seeds_out = [result[0]], None
         else:
             given = upstream[(s, m)] if s < last else {net.output_id: seeds[m]}
             ids = _floats(net, net.outs[s], out)
             targets = [out[i] for i in ids]
-            seeds_out = [given[i] if given.get(i) is not None else tf.zeros_like(out[i])
-                         for i in ids]
+            # In the output's dtype: G's update seeds a half-precision output with d loss /
+            # d its float32 cast (the cast's own gradient, which one tape would take).
+            seeds_out = [tf.cast(given[i], out[i].dtype) if given.get(i) is not None
+                         else tf.zeros_like(out[i]) for i in ids]
         grads = tape.gradient(targets, sources + var_list, output_gradients=seeds_out)
     n = len(sources)
     if s == 0:
@@ -463,7 +472,7 @@ class Pipeline(Topology):
 
         def tail(m, logits):  # d_grads' loss, from D's logits of [real; fake].
             logits = tf.cast(logits, tf.float32)
-            b = m_rows[m].shape[0]
+            b = tf.shape(m_rows[m])[0]  # Not .shape[0]: None for a batch of unknown size.
             real_logits, fake_logits = logits[:b], logits[b:]
             per_example = gs.loss_fn(real_logits=real_logits, fake_logits=fake_logits).d
             if c.lecam_weight:
