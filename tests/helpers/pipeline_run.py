@@ -5,7 +5,8 @@
 Trains the SGD DCGAN of tests/helpers/sgd_config.py (batch norm in G and D, dropout; D
 with 3 convolutions, so both networks have >= 4 kernels) for 10 steps of 4 micro-batches
 with no placement, stages:2, stages:4 and stages:4,recompute:1, in one process with 4
-logical CPUs, and prints {spec: max |weight - one device's weight|} as JSON.
+logical CPUs, and prints {spec: max |weight - one device's weight|} as JSON, with
+"lr_x2": the same for one device at twice the learning rate (the control).
 tests/parallel/test_parallel_pipeline.py checks it. A separate process because the
 pytest process has 2 logical CPUs (tests/conftest.py).
 """
@@ -37,9 +38,11 @@ def config():
     return c
 
 
-def trained(spec, steps=10):
+def trained(spec, steps=10, lr_scale=1.0):
     from tf_gan_scale import data, training
     c = config()
+    for opt in (c.train.g_optimizer, c.train.d_optimizer):
+        opt.learning_rate *= lr_scale
     source = data.load(c.data.source)
     gan = training.build_gan(c, source.shape, 0, spec)
     gan.fit(data.make_dataset(source, global_batch_size=c.train.global_batch_size, seed=0),
@@ -50,8 +53,12 @@ def trained(spec, steps=10):
 def main():
     distribute.configure_cpu_devices(4)
     one = trained("")
-    print(json.dumps({spec: max(float(np.max(np.abs(a - b)))
-                                for a, b in zip(trained(spec), one)) for spec in SPECS}))
+    def gap(run):
+        return max(float(np.max(np.abs(a - b))) for a, b in zip(run, one))
+
+    # "lr_x2": one device with a doubled learning rate (a 2x gradient scale), the control.
+    print(json.dumps({**{spec: gap(trained(spec)) for spec in SPECS},
+                      "lr_x2": gap(trained("", lr_scale=2.0))}))
 
 
 if __name__ == "__main__":

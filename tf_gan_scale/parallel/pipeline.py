@@ -97,6 +97,14 @@ def gpipe(stages, micros, backward=True):
 # ---- a network in stages ----------------------------------------------------------------
 
 
+def move_variables(weights, device):
+    """Every variable of `weights` re-created on `device` with its value (each Keras
+    variable keeps its object, path and trainability; its backing tf.Variable moves)."""
+    for w in weights:
+        with tf.device(device):
+            w._value = tf.Variable(w._value.read_value(), trainable=w.trainable, name=w.name)
+
+
 def _graph(model):
     """(the Functional holding `model`'s graph, its nodes in execution order)."""
     fn = model._functional if isinstance(model, keras.Sequential) else model
@@ -222,9 +230,8 @@ class StagedNetwork:
 
     def place(self):
         """Re-creates each stage's variables on its device (their Keras objects stay)."""
-        from tf_gan_scale.parallel import placement  # placement imports this module.
         for s, device in enumerate(self.devices):
-            placement.move_variables(self.variables[s] + self.state[s], device)
+            move_variables(self.variables[s] + self.state[s], device)
 
     def entry(self, inputs):
         """{id: tensor} of the graph's inputs from the network's inputs (a list)."""

@@ -27,6 +27,8 @@ import tensorflow as tf
 
 from tf_gan_scale import errors
 from tf_gan_scale.gan import Topology
+from tf_gan_scale.parallel import pipeline
+from tf_gan_scale.parallel.pipeline import move_variables
 
 NETS = ("g", "d")
 PIPELINE_KEYS = ("stages", "recompute")
@@ -95,14 +97,6 @@ def devices(indices):
     return {net: names[i] for net, i in indices.items()}
 
 
-def move_variables(weights, device):
-    """Every variable of `weights` re-created on `device` with its value (each Keras
-    variable keeps its object, path and trainability; its backing tf.Variable moves)."""
-    for w in weights:
-        with tf.device(device):
-            w._value = tf.Variable(w._value.read_value(), trainable=w.trainable, name=w.name)
-
-
 class Placement(Topology):
     """G's ops on one device, D's on another: `on(net)` is that network's device scope.
     Forward AND backward ops go where they are created, and GanStep takes each network's
@@ -123,7 +117,6 @@ def place(gan, names):
     if gan.compiled:
         raise ValueError("place the GAN's networks before compiling it")
     if "stages" in names:
-        from tf_gan_scale.parallel import pipeline  # It builds on this module.
         topology = pipeline.Pipeline(gan.generator, gan.discriminator, names["stages"],
                                      names["recompute"])
         topology.place()
