@@ -142,7 +142,7 @@ BAD = [
     (["--placement=stages:2,recompute:2"], "or stages:K[,recompute:1]"),
     (["--placement=stages:3", "--num_cpu_devices=2"],
      "--placement=stages:3: 3 stages but the process has 2 CPU device(s); valid: "
-     "stages:2..2; split the CPU with --num_cpu_devices=N"),
+     "stages:2..2; split the CPU with --num_cpu_devices=3"),
     (["--placement=stages:2", "--num_cpu_devices=2", "--config.train.penalty=wgan_gp",
       "--config.train.penalty_weight=10"],
      "--placement=stages:2 cannot run config.train.penalty='wgan_gp'; valid: their "

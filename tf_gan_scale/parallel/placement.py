@@ -80,20 +80,24 @@ def devices(indices):
     CPUs; ConfigError when an index is past them."""
     kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     names = [d.name for d in tf.config.list_logical_devices(kind)]
-    hint = "; split the CPU with --num_cpu_devices=N" if kind == "CPU" else ""
+
+    def hint(needed):  # What would fit: as many logical CPUs as the spec uses.
+        return f"; split the CPU with --num_cpu_devices={needed}" if kind == "CPU" else ""
+
     if "stages" in indices:
         k = indices["stages"]
         if k > len(names):
             raise errors.ConfigError(
                 f"--placement=stages:{k}: {k} stages but the process has {len(names)} {kind} "
-                f"device(s); valid: stages:2..{len(names)}{hint}")
+                f"device(s); valid: stages:2..{len(names)}{hint(k)}")
         return {"stages": names[:k], "recompute": bool(indices.get("recompute"))}
     bad = {net: i for net, i in indices.items() if i >= len(names)}
     if bad:
         spec = ",".join(f"{net}:{indices[net]}" for net in NETS)
         raise errors.ConfigError(
             f"--placement={spec}: device {max(bad.values())} but the process has "
-            f"{len(names)} {kind} device(s) (0..{len(names) - 1}){hint}")
+            f"{len(names)} {kind} device(s) (0..{len(names) - 1})"
+            f"{hint(max(indices.values()) + 1)}")
     return {net: names[i] for net, i in indices.items()}
 
 
