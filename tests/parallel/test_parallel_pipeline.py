@@ -83,10 +83,6 @@ def weights(gan):
     return [w.numpy() for w in gan.generator.weights + gan.discriminator.weights]
 
 
-def max_gap(a, b):
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(weights(a), weights(b)))
-
-
 @pytest.fixture(scope="module")
 def one_device():
     return trained("")

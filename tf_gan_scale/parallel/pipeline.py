@@ -217,16 +217,11 @@ class StagedNetwork:
             unique = [w for w in unique if id(w) not in earlier]  # Shared layers: first use.
             self.variables.append([w for w in unique if w.trainable])
             self.state.append([w for w in unique if not w.trainable])
-        self._symbolic = {id(x): x for n in nodes for x in (*n.input_tensors, *n.outputs)}
-        self._symbolic.update({id(x): x for x in self.fn.inputs})
 
     def _order(self, tensor_id):
         return (tensor_id not in self.input_ids,
                 self.input_ids.index(tensor_id) if tensor_id in self.input_ids else 0,
                 tensor_id)
-
-    def is_float(self, tensor_id):
-        return "float" in str(self._symbolic[tensor_id].dtype)
 
     def place(self):
         """Re-creates each stage's variables on its device (their Keras objects stay)."""
@@ -265,7 +260,7 @@ class _Pass:
 
 def _floats(net, ids, live):
     """The ids of `ids` whose tensors are floating point (what a gradient reaches)."""
-    return [i for i in ids if net.is_float(i) and live[i].dtype.is_floating]
+    return [i for i in ids if live[i].dtype.is_floating]
 
 
 @tf.autograph.experimental.do_not_convert
