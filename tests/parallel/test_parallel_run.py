@@ -98,8 +98,8 @@ BAD = [
      "layout override 'generator/nope' matches no weight"),
     ([MESH, "--config.parallel.layouts=(('generator/dense/kernel', 'model,model'),)"],
      "splits two dimensions over the same axis"),
-    ([MESH, "--config.train.grad_nan_to_num=True"], "not supported on a mesh yet: "
-                                                     "config.train.grad_nan_to_num=True"),
+    ([MESH, "--config.train.jit_compile=True"], "not supported on a mesh yet: "
+                                                 "config.train.jit_compile=True"),
     ([MESH, "--config.model.sync_bn_group_size=2"],
      "config.model.sync_bn_group_size=2"),
     # TF_CONFIG names a cluster: this process joins it as a DTensor client, and the

@@ -75,7 +75,7 @@ class StepConfig:
                                 doc="BigGAN's orthogonal regularization of G")
     grad_pack_bytes: int = _knob(0, doc="all-reduce gradients in packs of this size, "
                                         "last layers first (0: one all-reduce)")
-    grad_nan_to_num: bool = _knob(False, engines=("replicas",),
+    grad_nan_to_num: bool = _knob(False, engines=("replicas", "mesh"),
                                   doc="replace non-finite global gradients (NaN 0, +-inf "
                                       "+-1e5) before each update, as StyleGAN2-ADA's "
                                       "training loop (its float16 blocks have no loss "
