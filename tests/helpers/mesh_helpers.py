@@ -151,12 +151,18 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
                 moved += float(np.sum((ref - w0) ** 2))
         return (gaps / moved) ** 0.5
 
+    # The step's own state (ADA's p and statistic, LeCam's anchors, StyleGAN2's pl_mean):
+    # [one device, mesh] values of those the GAN has.
+    state = {name: [np.asarray(getattr(ref, name).numpy()).tolist(),
+                    np.asarray(tensors.gather(getattr(mesh_gan, name))).tolist()]
+             for name in ("ada_p", "ada_stats", "lecam_anchors", "pl_mean")
+             if getattr(ref, name, None) is not None}
     diff = max(gap(a, b) for a, b in pairs[:2])
     ema_diff = gap(*pairs[2]) if ema else None
     return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],
             "relative_diff": max(relative(a, b, w0) for (a, b), w0 in zip(pairs[:2], init)),
             "g_loss": [out["g_loss"], g_loss], "step": trainer.step,
-            "split_convs": split_convs, "ema_diff": ema_diff,
+            "split_convs": split_convs, "ema_diff": ema_diff, "state": state,
             "split": sorted(p for p, s in plan.items() if any(s))}
 
 

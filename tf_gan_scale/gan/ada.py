@@ -387,6 +387,17 @@ def _slice(x, axis, start, stop, step=1):
     return x[:, start:stop:step] if axis == 1 else x[:, :, start:stop:step]
 
 
+def reflect_pad(x, axis, m):
+    """tf.pad(mode="REFLECT") of m (<= size - 1) on both sides of axis 1 (H) or 2 (W) of
+    NHWC, as slices with stride -1 and a concat: the same values, in ops DTensor can lay
+    out (MirrorPad and ReverseV2 have no layout propagation: a mesh could not run ADA)."""
+    size = x.shape[axis]
+    before = _slice(x, axis, m, 0, -1)  # x[m], ..., x[1]
+    stop = size - 2 - m
+    after = _slice(x, axis, size - 2, stop if stop >= 0 else None, -1)  # x[L-2], ...
+    return tf.concat([before, x, after], axis)
+
+
 def _weighted_sum(terms):
     """sum_t c_t x_t in the order given (float32 constants c_t)."""
     out = None
@@ -472,7 +483,7 @@ def apply_geometric(x, g_inv):
     # FIXED margin, the official clip's upper bound (module docstring). Reflect padding
     # needs margin <= size - 1.
     my, mx = h - 1, w - 1
-    x = tf.pad(x, [[0, 0], [my, my], [mx, mx], [0, 0]], mode="REFLECT")
+    x = reflect_pad(reflect_pad(x, 1, my), 2, mx)
     up = _upsample_axis(_upsample_axis(x, 2), 1)  # [B, 2(H + 2my), 2(W + 2mx), C]
     ix, iy = _pixel_coordinates(tf.cast(g_inv, _F64), h, w, my, mx)
     canvas = sample_bilinear(up, ix, iy)  # [B, 2(H + 2 HZ_PAD), 2(W + 2 HZ_PAD), C]
@@ -484,19 +495,25 @@ def apply_color(x, c):
     [B, 4, 4] (`color_matrix`) -> [B, H, W, C]. Elementwise products and fixed-order sums
     (no matmul kernel: see "Batch invariance")."""
     channels = x.shape[3]
-    c = tf.cast(c, x.dtype)[:, None, None]  # [B, 1, 1, 4, 4]
+    c = tf.cast(c, x.dtype)
+    # Per-row scalars c[:, i, j] are taken from the [B, 4, 4] matrices and then given
+    # image axes: the same products and sums as indexing a [B, 1, 1, 4, 4] expansion.
+    # DTensor (TF 2.21) crashes the process (a segmentation fault) on a strided slice
+    # that inserts axes in front of an axis it leaves implicit (v[:, None, None] of a
+    # [B, 1] tensor): every new axis here is explicit, on a [B] tensor.
+    at = lambda v: v[:, None, None]  # [B] -> [B, 1, 1]
     if channels == 3:
         out = []
         for i in range(3):
-            y = c[..., i, 3]
+            y = at(c[:, i, 3])
             for j in range(3):
-                y = y + c[..., i, j] * x[..., j]
+                y = y + at(c[:, i, j]) * x[..., j]
             out.append(y)
         return tf.stack(out, axis=-1)
     if channels == 1:
-        g = (c[..., 0, :] + c[..., 1, :] + c[..., 2, :]) / 3.0  # Mean of the colour rows.
-        gain = g[..., 0] + g[..., 1] + g[..., 2]
-        return x * gain[..., None] + g[..., 3:4]
+        g = (c[:, 0, :] + c[:, 1, :] + c[:, 2, :]) / 3.0  # Mean of the colour rows.
+        gain = g[:, 0] + g[:, 1] + g[:, 2]
+        return x * gain[:, None, None, None] + g[:, 3][:, None, None, None]
     raise ValueError(f"ADA needs RGB (3 channels) or L (1 channel) images, got {channels}")
 
 

@@ -477,7 +477,9 @@ class GanStep:
         new = ada_lib.adjust_p(p, stats[0], stats[1], gb, c.ada_interval,
                                float(c.ada_target), float(c.ada_kimg))
         p.assign(tf.where(due, new, p))
-        stats.assign(tf.where(due, tf.zeros([2]), stats))
+        # An elementwise condition: a scalar one selecting between [2] tensors crashes a
+        # DTensor step (a segmentation fault, TF 2.21); the values are the same.
+        stats.assign(tf.where(tf.fill([2], due), tf.zeros([2]), stats))
 
     def apply(self, optimizer, grads, variables, riders):
         """`replica.apply_global_gradients` with this step's packing and gradient cleaning:

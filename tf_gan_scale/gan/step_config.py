@@ -212,9 +212,9 @@ class StepConfig:
         out = [f"config.train.{f.name}={getattr(self, f.name)!r}"
                for f in dataclasses.fields(self)
                if engine not in f.metadata["engines"] and self.is_on(f.name)]
-        # A DiffAugment policy runs anywhere; ADA's geometric transforms reflect-pad
-        # (MirrorPad: no DTensor layout propagation) and are untested under placement.
-        if self.augment == ADA and engine != "replicas":
+        # A DiffAugment policy runs anywhere, ADA on replicas and meshes; placement and
+        # pipelines have no test of it.
+        if self.augment == ADA and engine not in ("replicas", "mesh"):
             out.append(f"config.train.augment={ADA!r}")
         return out
 
