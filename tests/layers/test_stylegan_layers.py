@@ -303,3 +303,17 @@ def test_float16_layer_reads_float32_variables_and_styles():
         kwargs = {"w_dim": 8, "resolution": 8} if cls is sg.SynthesisLayer else (
             {"w_dim": 8} if cls is sg.ToRGB else {"kernel_size": 3})
         assert cls(3, conv_clamp=0, **kwargs).conv_clamp is None  # 0: no clamp.
+
+
+@pytest.mark.parametrize("kwargs", [dict(up=2, pad=(2, 1), gain=4.0), dict(down=2, pad=(1, 1)),
+                                    dict(pad=(1, 1), gain=4.0), dict(pad=(2, 2))])
+def test_slice_resampling_equals_the_depthwise_convolution(kwargs):
+    # The mesh's resampling (strided slices times the separable taps) against the
+    # depthwise convolution one device runs: float32 summation order apart.
+    x = tf.constant(np.random.default_rng(0).standard_normal((3, 9, 9, 5)), tf.float32)
+    ref = sg.upfirdn2d(x, **kwargs).numpy()
+    with sg.slice_resampling():
+        got = sg.upfirdn2d(x, **kwargs).numpy()
+    assert not sg.SLICE_RESAMPLING
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-6)

@@ -231,7 +231,9 @@ class SynthesisNetwork(keras.layers.Layer):
             count = self.calls.assign_add(1)
             rows = latents.current_rows(b)
             noise_of = lambda j, res: layer_noise(self.seed, count, j, rows, res)  # noqa
-        x = tf.tile(tf.cast(self.const, self.compute_dtype)[None], [b, 1, 1, 1])
+        # expand_dims, not const[None]: on a DTensor mesh a new-axis slice that does not
+        # name every dimension (t[None], t[:, None]) crashes layout propagation (SIGSEGV).
+        x = tf.tile(tf.expand_dims(tf.cast(self.const, self.compute_dtype), 0), [b, 1, 1, 1])
         img, j = None, 0
         for k, (res, torgb) in enumerate(zip(self.block_res, self.torgbs)):
             for _ in range(1 if res == 4 else 2):

@@ -16,6 +16,8 @@ it is differentiable to any order (R1 and path length take gradients of gradient
 runs under XLA; no custom ops (the official CUDA kernels are speed-only).
 """
 
+import contextlib
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -50,10 +52,54 @@ def upfirdn2d(x, *, up=1, down=1, pad=(0, 0), gain=1.0):
         x = tf.reshape(x, [b, h * up, w * up, c])
     if pad[0] or pad[1]:
         x = tf.pad(x, [[0, 0], list(pad), list(pad), [0, 0]])
+    if SLICE_RESAMPLING:
+        return _fir_slices(x, down, gain)
     # The filter is symmetric, so the flip is a no-op; kept to state the semantics.
     f = (FIR[::-1, ::-1] * gain).astype(np.float32)
     kernel = tf.tile(tf.constant(f, x.dtype)[:, :, None, None], [1, 1, c, 1])
     return tf.nn.depthwise_conv2d(x, kernel, [1, down, down, 1], "VALID")
+
+
+# The FIR correlation as strided slices times taps (separable: rows, then columns)
+# instead of a depthwise convolution: DTensor has no layout propagation for
+# DepthwiseConv2dNativeBackpropInput, and StridedSliceGrad it has. On while a DTensor
+# step is traced (`slice_resampling`); off elsewhere, so one device keeps the depthwise
+# convolution's exact numbers (the two differ by float32 summation order, ~5e-7).
+SLICE_RESAMPLING = False
+
+
+@contextlib.contextmanager
+def slice_resampling():
+    """Within: functions traced resample by strided slices (`_fir_slices`)."""
+    global SLICE_RESAMPLING
+    before, SLICE_RESAMPLING = SLICE_RESAMPLING, True
+    try:
+        yield
+    finally:
+        SLICE_RESAMPLING = before
+
+
+_TAPS = (_K / np.sum(_K)).astype(np.float32)  # FIR = outer(_TAPS, _TAPS); symmetric.
+
+
+def _fir_slices(x, down, gain):
+    """VALID correlation of x [B, H, W, C] (static H, W) with FIR * gain, stride `down`:
+    sum_i taps[i] * x[:, i::down] along H, then the same along W."""
+    for axis in (1, 2):
+        n = int(x.shape[axis])
+        out = (n - len(_TAPS)) // down + 1
+        acc = None
+        for i, t in enumerate(_TAPS):
+            begin = [0, 0, 0, 0]
+            end = [0, 0, 0, 0]
+            strides = [1, 1, 1, 1]
+            begin[axis], end[axis], strides[axis] = i, i + (out - 1) * down + 1, down
+            mask = 0b1111 & ~(1 << axis)
+            part = tf.strided_slice(x, begin, end, strides, begin_mask=mask, end_mask=mask)
+            part = part * tf.cast(t, x.dtype)
+            acc = part if acc is None else acc + part
+        x = acc
+    return x * tf.cast(gain, x.dtype) if gain != 1 else x
 
 
 def upsample2d(x):
@@ -339,7 +385,8 @@ class SynthesisLayer(keras.layers.Layer):
         x = tf.cast(x, self.compute_dtype)
         styles = self.affine(w)
         if noise is None:
-            noise = tf.cast(self.noise_const, tf.float32)[None]
+            # Not [None]: a DTensor mesh segfaults on it (architectures/stylegan2.py).
+            noise = tf.expand_dims(tf.cast(self.noise_const, tf.float32), 0)
         noise = tf.cast(noise, tf.float32) * tf.cast(self.noise_strength, tf.float32)
         x = modulated_conv2d(x, self.kernel, styles, demodulate=True, up=self.up,
                              noise=noise)

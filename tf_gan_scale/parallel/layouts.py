@@ -32,6 +32,7 @@ from tensorflow.experimental import dtensor
 
 from tf_gan_scale import errors
 from tf_gan_scale.cluster.mesh_spec import AXES, MODEL
+from tf_gan_scale.layers.stylegan import EqualizedConv2D, SynthesisLayer, ToRGB
 from tf_gan_scale.parallel import conv, tensors
 
 # Convolution kernels from this many values (4 MB in float32; a 3x3 conv of 384 -> 384
@@ -223,11 +224,19 @@ def _check(path, shape, spec, dims, layer=None):
 # - outputs of GlobalAveragePooling2D: a row-parallel Dense after it (SNGAN's and BigGAN's
 #   D heads) pushes its "model" split back into the 4-D activations ("SPMD expansion
 #   resulted in op output inconsistent with the provided layout").
+# - inputs of StyleGAN2's convolution layers (EqualizedConv2D; the modulated SynthesisLayer
+#   and ToRGB, which own a sub-layer and so are constrained apart): DTensor's Conv2D
+#   expansion does not relayout its input, and G's first conv takes the learned 4x4 const
+#   TILED to the batch (replicated, not split: "Expected shape: <16,4,4,8> got shape:
+#   <8,4,4,8>"), D's epilogue conv the minibatch-std output; unconstrained, the
+#   replicated layout also reached D's input and failed its gradient ("output layout of
+#   Relayout op after layout propagation does not match layout specified by Relayout op").
 CONSTRAIN_OUTPUT = (keras.layers.Reshape, keras.layers.Flatten,
                     keras.layers.GlobalAveragePooling2D)
 CONSTRAIN_INPUT = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
                    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
-                   keras.layers.Conv3DTranspose)
+                   keras.layers.Conv3DTranspose, EqualizedConv2D)
+CONSTRAIN_INPUT_COMPOSITE = (SynthesisLayer, ToRGB)  # Not leaves (their affine Dense).
 
 
 def _constrain(layer, mesh, where):
@@ -258,6 +267,9 @@ def shard(models, mesh, weight_plan):
     Optimizers must be built after this.
     """
     for model in models:
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, CONSTRAIN_INPUT_COMPOSITE):
+                _constrain(layer, mesh, "input")
         for w in model.weights:
             value = tensors.to_mesh(w._value.read_value(), mesh,
                                     weight_plan[weight_path(model, w)])

@@ -28,6 +28,7 @@ from tf_gan_scale import data, errors
 from tf_gan_scale.architectures.calls import generate
 from tf_gan_scale.gan import Topology
 from tf_gan_scale.gan import step as gan_step
+from tf_gan_scale.layers import stylegan as stylegan_layers
 from tf_gan_scale.parallel import conv, layouts, tensors
 
 
@@ -116,7 +117,8 @@ def _unsupported_layers(models):
 class MeshTrainer:
     """Trains `gan` (a compiled `gan.GAN`) on `mesh` with the data-parallel step itself
     (`GanStep.train` on the global batch: penalties, lazy penalties, LeCam, accumulation,
-    EMA). Tested with DCGAN, MLP, SNGAN and the conditional BigGAN, d_steps 1 and 2.
+    EMA). Tested with DCGAN, MLP, SNGAN, the conditional BigGAN (d_steps 1 and 2) and
+    StyleGAN2 with its lazy phases, path length, style mixing, ADA and float16 off.
 
     The networks' weights are moved onto the mesh by `weight_plan` (layouts.plan), then
     the optimizers' variables (`place_optimizer`). The GAN's checkpoint items
@@ -190,8 +192,11 @@ class MeshTrainer:
         penalty_due None or a tuple of d_steps Python bools (a lazy penalty's schedule,
         decided on the host: DTensor cannot run its cond; one trace per pattern).
         Returns (last D loss, G loss, the nonfinite code: 0 or NONFINITE_D/_G)."""
-        out = self.step_math.train(batches[0] if len(batches) == 1 else batches,
-                                   penalty_due)
+        # StyleGAN2's FIR resampling by strided slices (DTensor cannot lay out the
+        # depthwise convolution's input gradient); a no-op for the other families.
+        with stylegan_layers.slice_resampling():
+            out = self.step_math.train(batches[0] if len(batches) == 1 else batches,
+                                       penalty_due)
         return out["d_loss"], out["g_loss"], out[gan_step.NONFINITE]
 
     def split(self):
