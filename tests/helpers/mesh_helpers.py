@@ -65,7 +65,8 @@ def config(arch, optimizer, d_steps=1, ema=False, train=()):
         opt[key] = eval(value)  # Test-only: literals.
     c.train.d_optimizer = c.train.g_optimizer = opt
     for key, value in train:  # e.g. (("penalty", "wgan_gp"), ("penalty_weight", 1.0))
-        c.train[key] = value
+        section, _, name = key.rpartition(".")  # "model.<key>": config.model's.
+        (c.model if section == "model" else c.train)[name] = value
     return c
 
 
@@ -81,7 +82,7 @@ def data_of(arch):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(arch, optimizer, steps, d_steps=1, ema=False, train=()):
+def reference(arch, optimizer, steps, d_steps=1, ema=False, train=(), shards=1):
     """The one-device run (GAN.train_step) of a config: (the trained GAN, the initial
     weights of [G, D(, EMA G)], the batches it saw: steps x d_steps arrays [GB, *shape],
     the last step's logs). Cached: mesh cases of the same GAN compare against one run,
@@ -93,6 +94,10 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False, train=()):
     shape, classes = data_of(arch)
     ref = training.build_gan(c, shape, classes)
     nets = [ref.generator, ref.discriminator] + ([ref.ema.model] if ema else [])
+    if shards > 1:  # Group batch norm: `shards` replicas' groups as row groups.
+        from tf_gan_scale.layers import normalization
+        for net in nets:
+            normalization.set_row_groups(net, shards)
     init = [net.get_weights() for net in nets]
     rng = np.random.default_rng(0)
     # d_steps (real, labels) batches per GAN step.
@@ -107,21 +112,26 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False, train=()):
 
 
 def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
-                d_steps=1, convs=False, ema=False, train=()):
+                d_steps=1, convs=False, ema=False, train=(), grouped_reference=True):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
     lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
     convs=True splits every convolution the model axis divides (the policy's size
     threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
     compares its weights ("ema_diff"); train: ((config.train key, value), ...) for both
-    runs (a penalty, LeCam, accumulation)."""
+    runs (a penalty, LeCam, accumulation), or config.model's as "model.<key>". With
+    "model.sync_bn_group_size" the reference is one device with the batch shards' row
+    groups (grouped_reference=False: full batch statistics, the control)."""
     import numpy as np
     from tf_gan_scale import training
     from tf_gan_scale.cluster import mesh_spec
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
     from tf_gan_scale.parallel import tensors
     train = tuple(map(tuple, train))
-    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema, train)
+    dims = mesh_spec.parse(spec)
+    grouped = dict(train).get("model.sync_bn_group_size") and grouped_reference
+    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema, train,
+                                        dims["batch"] if grouped else 1)
     c = config(arch, optimizer, d_steps, ema, train)
     for opt in (c.train.d_optimizer, c.train.g_optimizer):
         opt.learning_rate *= lr_scale
@@ -131,7 +141,6 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
         pairs.append((ref.ema.model, mesh_gan.ema.model))
     for (_, b), weights in zip(pairs, init):  # The reference's weights before training.
         b.set_weights(weights)
-    dims = mesh_spec.parse(spec)
     threshold = layouts.CONV_SPLIT_MIN_PARAMS
     try:
         layouts.CONV_SPLIT_MIN_PARAMS = 0 if convs else threshold

@@ -18,7 +18,7 @@ from test_sync_batch_norm import all_reduces_per_pass, r1_of_bn
 from tf_gan_scale import configs, errors
 from tf_gan_scale import training
 from tf_gan_scale.layers import ConditionalBatchNormalization, SyncBatchNormalization
-from tf_gan_scale.layers.normalization import check_config, set_group_size
+from tf_gan_scale.layers.normalization import check_config, set_group_size, set_row_groups
 from tf_gan_scale.layers.sync_batch_norm import check_group_size
 
 WHAT = ("y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance")
@@ -187,6 +187,23 @@ def test_get_config_round_trip_and_set_group_size():
     rebuilt = keras.Model.from_config(model.get_config())
     assert [layer.group_size for layer in rebuilt._flatten_layers(recursive=True)
             if isinstance(layer, SyncBatchNormalization)] == [2, 2]
+
+
+def test_row_groups_stand_for_the_batch_shards_as_replicas():
+    # A mesh runs the global batch as one replica over B batch shards: group_size G
+    # becomes B // G contiguous row groups in every sync BN, also a cBN's inner one.
+    x, c = keras.Input([4, 4, 3]), keras.Input([5])
+    h = ConditionalBatchNormalization(group_size=2)([SyncBatchNormalization()(x), c])
+    model = keras.Model([x, c], h)
+    set_group_size(model, 2)
+    assert set_row_groups(model, 8) == 2
+    assert [layer.virtual_groups for layer in model._flatten_layers(recursive=True)
+            if isinstance(layer, SyncBatchNormalization)] == [4, 4]
+    assert set_row_groups(model, 2) == 0  # G >= B: full statistics.
+    set_group_size(model, 3)
+    with pytest.raises(errors.ConfigError, match=r"^config.model.sync_bn_group_size=3 "
+                       r"does not divide the 4 replicas; valid: 0 \(all\) or 1, 2, 4$"):
+        set_row_groups(model, 4)
 
 
 def test_config_key_reaches_every_batch_norm_of_g_and_d(one_device):

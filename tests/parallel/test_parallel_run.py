@@ -99,9 +99,9 @@ BAD = [
     ([MESH, "--config.parallel.layouts=(('generator/dense/kernel', 'model,model'),)"],
      "splits two dimensions over the same axis"),
     ([MESH, "--config.train.jit_compile=True"], "not supported on a mesh yet: "
-                                                 "config.train.jit_compile=True"),
-    ([MESH, "--config.model.sync_bn_group_size=2"],
-     "config.model.sync_bn_group_size=2"),
+                                                 "config.train.jit_compile='True'"),
+    ([MESH, "--config.model.sync_bn=False"],
+     "config.model.sync_bn=False (per-shard statistics: sync_bn_group_size=1)"),
     # TF_CONFIG names a cluster: this process joins it as a DTensor client, and the
     # cluster must be sound before anything starts.
     ([MESH, "--config.train.num_steps=1"], "bad DTensor cluster"),

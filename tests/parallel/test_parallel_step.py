@@ -124,6 +124,22 @@ def test_a_doubled_learning_rate_misses_the_regularized_cases(spec, arch, convs,
     assert out["max_diff"] > 100 * TOL, out
 
 
+@pytest.mark.slow  # ~15-60 s each.
+@pytest.mark.parametrize("arch", ["dcgan", "biggan"])
+def test_group_batch_norm_on_a_mesh_equals_the_shards_as_replicas(arch):
+    # sync_bn_group_size=1 on a batch-split 2x1 mesh: each shard's rows normalized apart,
+    # as 2 replicas with group size 1 (one device with 2 row groups, virtual_groups).
+    # BigGAN's are conditional batch norms (their inner SyncBatchNormalization).
+    group = (("model.sync_bn_group_size", 1),)
+    out = equivalence("batch:2,model:1", arch, "sgd", steps=10 if arch == "dcgan" else 4,
+                      train=group)
+    check(out, 10 if arch == "dcgan" else 4)
+    if arch == "dcgan":  # The control: the same mesh run against full-batch statistics.
+        out = equivalence("batch:2,model:1", arch, "sgd", steps=10, train=group,
+                          grouped_reference=False)
+        assert out["max_diff"] > 100 * TOL, out
+
+
 # Mixed precision: both runs compute in the same policy, so they differ by its rounding
 # alone, which grows quickly in 16-bit activations. The measure is relative: |w_mesh -
 # w_ref| / |w_ref - w_start| over trainable weights (1 = off by the whole update). Measured

@@ -54,3 +54,25 @@ def check_config(group_size, num_replicas, *, sync_bn=True):
     if group_size and not sync_bn:
         raise errors.ConfigError(f"{name}={group_size} needs config.model.sync_bn=True "
                                  f"(per-replica statistics have no groups); valid: 0")
+
+
+def set_row_groups(model, num_shards):
+    """For an engine that runs the global batch as ONE replica split over `num_shards`
+    batch shards (a DTensor mesh: shard i holds the i-th contiguous chunk of rows, as
+    replica i of a single-worker strategy does): every SyncBatchNormalization (also the one
+    inside a ConditionalBatchNormalization) with group_size G normalizes num_shards // G
+    contiguous row groups apart (`virtual_groups`), so its statistics are those of
+    `num_shards` replicas with group_size G. Call before the step is traced. Returns the
+    number of layers with groups.
+
+    Raises ConfigError (naming config.model.sync_bn_group_size) if a G does not divide
+    num_shards."""
+    count = 0
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(layer, SyncBatchNormalization):
+            size = check_group_size(layer.group_size, num_shards,
+                                    name="config.model.sync_bn_group_size")
+            layer.virtual_groups = num_shards // size
+            count += layer.virtual_groups > 1
+    return count
+

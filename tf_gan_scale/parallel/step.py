@@ -28,6 +28,7 @@ from tf_gan_scale import data, errors
 from tf_gan_scale.architectures.calls import generate
 from tf_gan_scale.gan import Topology
 from tf_gan_scale.gan import step as gan_step
+from tf_gan_scale.layers import normalization
 from tf_gan_scale.layers import stylegan as stylegan_layers
 from tf_gan_scale.parallel import conv, layouts, tensors
 
@@ -161,6 +162,13 @@ class MeshTrainer:
         # The Keras trackers are host variables, not on the mesh: the mesh's losses
         # come back from the step (train_step) instead.
         self.step_math.trackers = {}
+        # Group batch norm (config.model.sync_bn_group_size=G): the mesh's batch shards
+        # stand for replicas; the global batch is one "replica" here, so each group of
+        # G shards' rows is normalized apart (contiguous rows, as on one device with
+        # virtual_groups). Before the step is traced.
+        for net in (gan.generator, gan.discriminator) + (
+                (gan.ema.model,) if gan.ema is not None else ()):
+            normalization.set_row_groups(net, mesh.dim_size("batch"))
         layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
         if gan.ema is not None:  # The EMA copy of G: each weight laid out as G's twin.
             ema = gan.ema.model

@@ -33,15 +33,17 @@ from tf_gan_scale.training import runner
 def check_config(config):
     """What the mesh cannot run yet, from the config alone (before data is read): one
     ConfigError naming every such setting: the step's knobs whose StepConfig metadata
-    leaves the mesh out, per-replica or grouped batch norm, StyleGAN2's float16 blocks.
+    leaves the mesh out, per-replica batch norm, StyleGAN2's float16 blocks.
     MeshTrainer checks the built GAN again."""
     t, m = config.train, config.model
     bad = StepConfig.from_train(t).unsupported("mesh")
-    # Batch norm on a mesh is over the global batch (DTensor's SPMD moments).
+    # Batch norm on a mesh is over the global batch (DTensor's SPMD moments), or over
+    # groups of batch shards (sync_bn_group_size; MeshTrainer). Keras' per-replica
+    # BatchNormalization has no replicas to be local to: sync_bn_group_size=1 is the
+    # per-shard statistics.
     if not m.get("sync_bn", True):
-        bad.append(f"config.model.sync_bn={m.get('sync_bn', True)}")
-    if m.get("sync_bn_group_size", 0):
-        bad.append(f"config.model.sync_bn_group_size={m.get('sync_bn_group_size', 0)}")
+        bad.append(f"config.model.sync_bn={m.get('sync_bn', True)} (per-shard statistics: "
+                   f"sync_bn_group_size=1)")
     # StyleGAN2's per-block float16 (unscaled, its gradients cleaned by grad_nan_to_num):
     # the StyleGAN2 family is not on the mesh yet.
     if m.get("num_fp16_res", 0):
