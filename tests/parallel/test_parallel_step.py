@@ -82,6 +82,22 @@ def test_residual_models_on_a_mesh_equal_one_device(spec, arch, convs, split_con
     check(out, 10)
 
 
+# StyleGAN2 (mapping, modulated convolutions, per-row noise, FIR resampling, toRGB skips;
+# residual D with minibatch std over chunks of global rows). The mesh resamples by
+# strided slices (layers.stylegan.slice_resampling; one device: a depthwise convolution),
+# which differ by float32 summation order alone: 1.2e-7 on one device after 10 steps.
+@pytest.mark.slow  # ~30 s each.
+@pytest.mark.parametrize("spec", ["batch:1,model:2", "batch:2,model:1"])
+def test_stylegan2_on_a_mesh_equals_one_device(spec):
+    check(equivalence(spec, "stylegan2", "sgd", steps=10), 10)
+
+
+@pytest.mark.slow
+def test_a_doubled_learning_rate_misses_the_stylegan2_case():
+    out = equivalence("batch:2,model:1", "stylegan2", "sgd", steps=3, lr_scale=2.0)
+    assert out["max_diff"] > 100 * TOL, out  # Measured 5.1e-3.
+
+
 # What the data-parallel step adds to the loss and the update, on the mesh: a penalty
 # (double backprop through D's spectral norm: layers.SpectralNormalization has no cond),
 # a lazy one (its schedule decided on the host: DTensor cannot run the cond), LeCam's
