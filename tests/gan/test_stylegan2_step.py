@@ -281,9 +281,10 @@ def test_mixing_needs_a_style_generator():
 
 def test_engines_that_cannot_run_it_refuse():
     config = StepConfig(augment="ada", lazy_phases=True, style_mixing=0.9)
-    for engine in ("mesh", "placement"):
+    for engine in ("placement", "pipeline"):
         refused = " ".join(config.unsupported(engine))
         assert "augment='ada'" in refused and "lazy_phases" in refused
+    assert "augment" not in " ".join(config.unsupported("mesh"))  # ADA runs on a mesh.
     assert StepConfig(augment="color").unsupported("mesh") == []
 
 

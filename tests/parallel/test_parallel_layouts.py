@@ -244,8 +244,8 @@ def test_checkpoints_move_between_sharded_and_plain_weights(tmp_path, model_mesh
 
 @pytest.mark.parametrize("transposed", [False, True])
 def test_tap_sum_convolutions_equal_keras(transposed):
-    # parallel/conv.py on one device, without a mesh: every padding it takes (Conv2D
-    # "same" and "valid", Conv2DTranspose "same"), odd and even kernels, strides 1-3,
+    # parallel/conv.py on one device, without a mesh: every padding it takes ("same"
+    # and "valid", both kinds), odd and even kernels, strides 1-3,
     # non-square inputs. Values and output shapes as Keras' (float32 summation order).
     import itertools
 
@@ -253,7 +253,7 @@ def test_tap_sum_convolutions_equal_keras(transposed):
 
     from tf_gan_scale.parallel import conv
     rng = np.random.default_rng(0)
-    paddings = ("same",) if transposed else ("same", "valid")
+    paddings = ("same", "valid")
     for (h, w), k, s, padding in itertools.product(
             ((7, 7), (8, 6), (5, 9)), ((1, 1), (3, 3), (4, 4), (5, 3), (2, 4)),
             ((1, 1), (2, 2), (3, 1)), paddings):
@@ -263,7 +263,24 @@ def test_tap_sum_convolutions_equal_keras(transposed):
         layer = kind(3, k, strides=s, padding=padding, use_bias=False)
         x = rng.standard_normal((2, h, w, 2)).astype(np.float32)
         want = layer(x).numpy()
-        got = (conv.conv2d_transpose(tf.constant(x), layer.kernel, s) if transposed else
+        got = (conv.conv2d_transpose(tf.constant(x), layer.kernel, s, padding) if transposed else
                conv.conv2d(tf.constant(x), layer.kernel, s, padding)).numpy()
         assert got.shape == want.shape, (h, w, k, s, padding)
         np.testing.assert_allclose(got, want, atol=2e-6, err_msg=str((h, w, k, s, padding)))
+
+
+@pytest.mark.parametrize("up, down, k", [(1, 1, 3), (2, 1, 3), (2, 1, 1), (1, 2, 3),
+                                         (1, 2, 1)])
+def test_stylegan_resampling_convolutions_by_taps_equal_tensorflows(up, down, k):
+    # StyleGAN2's conv2d_resample (every case G's modulated and D's equalized
+    # convolutions use) with the tap-sum convolutions a split kernel needs on a mesh.
+    from tf_gan_scale.layers import stylegan
+    from tf_gan_scale.parallel import conv
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((2, 8, 8, 3)), tf.float32)
+    w = tf.constant(rng.standard_normal((k, k, 3, 4)), tf.float32)
+    want = stylegan.conv2d_resample(x, w, up=up, down=down).numpy()
+    got = stylegan.conv2d_resample(x, w, up=up, down=down,
+                                   taps=(conv.conv2d, conv.conv2d_transpose)).numpy()
+    assert got.shape == want.shape == (2, 8 * up // down, 8 * up // down, 4)
+    np.testing.assert_allclose(got, want, atol=2e-5)

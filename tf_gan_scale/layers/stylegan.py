@@ -112,7 +112,7 @@ def downsample2d(x):
     return upfirdn2d(x, down=2, pad=(1, 1))
 
 
-def conv2d_resample(x, w, *, up=1, down=1):
+def conv2d_resample(x, w, *, up=1, down=1, taps=None):
     """conv2d_resample with padding k//2: x [B, H, W, I], w [k, k, I, O] (already scaled)
     -> [B, H*up/down, W*up/down, O]. Supports up in {1, 2} with odd k, down in {1, 2}.
 
@@ -123,8 +123,15 @@ def conv2d_resample(x, w, *, up=1, down=1):
     down=2, k>1: FIR pad [k//2 + 1, k//2 + 1] (no decimation), then conv stride 2 VALID.
     down=2, k=1: downsample2d, then the 1x1 conv.
     Plain convs are correlations (flip_weight=True) with zero padding k//2.
+
+    taps: None (TensorFlow's convolutions), or (conv2d, conv2d_transpose) computing the
+    same convolutions as sums over kernel taps (`parallel.conv`: what a DTensor mesh
+    needs when w is split over its output channels), with Keras' argument order:
+    conv2d(x, w, strides, padding), conv2d_transpose(x, w_transposed, strides, padding).
     """
     k = w.shape[0]
+    if taps is not None:
+        return _conv2d_resample_taps(x, w, up, down, *taps)
     if up == 2 and down == 1:
         if k == 1:
             return upsample2d(tf.nn.conv2d(x, w, 1, "VALID"))
@@ -143,6 +150,24 @@ def conv2d_resample(x, w, *, up=1, down=1):
                          f"down={down}")
     p = k // 2
     return tf.nn.conv2d(x, w, 1, [[0, 0], [p, p], [p, p], [0, 0]])
+
+
+def _conv2d_resample_taps(x, w, up, down, conv2d, conv2d_transpose):
+    """conv2d_resample's cases, each convolution by `conv2d` / `conv2d_transpose`."""
+    k = w.shape[0]
+    if up == 2 and down == 1:
+        if k == 1:
+            return upsample2d(conv2d(x, w, (1, 1), "valid"))
+        x = conv2d_transpose(x, tf.transpose(w, [0, 1, 3, 2]), (2, 2), "valid")
+        return upfirdn2d(x, pad=(k // 2 + 2 - (k - 1), k // 2 + 1 - (k - 2)), gain=4.0)
+    if down == 2 and up == 1:
+        if k == 1:
+            return conv2d(downsample2d(x), w, (1, 1), "valid")
+        return conv2d(upfirdn2d(x, pad=(k // 2 + 1, k // 2 + 1)), w, (2, 2), "valid")
+    if up != 1 or down != 1:
+        raise ValueError(f"conv2d_resample supports up=2 or down=2; Received: up={up}, "
+                         f"down={down}")
+    return conv2d(x, w, (1, 1), "same")  # Odd k, stride 1: zero padding k//2.
 
 
 # ---- bias_act, normalization -------------------------------------------------------
@@ -259,6 +284,7 @@ class EqualizedConv2D(keras.layers.Layer):
         self.activation, self.down = _check_act(activation), int(down)
         self.use_bias, self.gain = use_bias, float(gain)
         self.conv_clamp = conv_clamp_value(conv_clamp)
+        self.taps = None  # conv2d_resample's: set on a mesh that splits the kernel.
 
     def build(self, input_shape):
         fan_in = int(input_shape[-1]) * self.kernel_size ** 2
@@ -276,7 +302,7 @@ class EqualizedConv2D(keras.layers.Layer):
         # Official Conv2dLayer: (W * gain) in float32, then cast to x's dtype (a float16
         # block): the kernel is read raw (autocast off) so the gain is not applied in half.
         y = conv2d_resample(x, tf.cast(self.kernel * self.weight_gain, x.dtype),
-                            down=self.down)
+                            down=self.down, taps=self.taps)
         clamp = None if self.conv_clamp is None else self.conv_clamp * self.gain
         return bias_act(y, self.bias, self.activation, self.gain, clamp)
 
@@ -295,7 +321,7 @@ class EqualizedConv2D(keras.layers.Layer):
 
 # ---- modulated convolution -----------------------------------------------------------
 
-def modulated_conv2d(x, weight, styles, *, demodulate=True, up=1, noise=None):
+def modulated_conv2d(x, weight, styles, *, demodulate=True, up=1, noise=None, taps=None):
     """Non-fused modulated conv (modulated_conv2d with fused_modconv=False, the official
     training path; it needs no grouped conv, which TF lacks on CPU).
 
@@ -318,7 +344,7 @@ def modulated_conv2d(x, weight, styles, *, demodulate=True, up=1, noise=None):
             tf.abs(weight), axis=[0, 1, 2], keepdims=True)
         styles = styles / tf.reduce_max(tf.abs(styles), axis=1, keepdims=True)
     x = x * tf.cast(styles[:, None, None, :], x.dtype)
-    x = conv2d_resample(x, tf.cast(weight, x.dtype), up=up)
+    x = conv2d_resample(x, tf.cast(weight, x.dtype), up=up, taps=taps)
     if demodulate:
         # sum_{i,kh,kw} (W[kh,kw,i,o] s_i)^2 = (s^2) @ sum_{kh,kw} W^2 : [B, O].
         w2 = tf.reduce_sum(tf.square(weight), axis=[0, 1])  # [I, O], float32
@@ -357,6 +383,7 @@ class SynthesisLayer(keras.layers.Layer):
         self.conv_clamp = conv_clamp_value(conv_clamp)
         self.layer_index, self.noise_seed = int(layer_index), int(noise_seed)
         self.affine = None  # EqualizedDense(I), made in build once I is known.
+        self.taps = None  # conv2d_resample's: set on a mesh that splits the kernel.
         # Keras 3 casts every float argument of __call__ to the compute dtype: in a
         # float16 block w (and noise) would reach the float32 affine already rounded to
         # half. call() casts x itself, so the conversion is off.
@@ -389,7 +416,7 @@ class SynthesisLayer(keras.layers.Layer):
             noise = tf.expand_dims(tf.cast(self.noise_const, tf.float32), 0)
         noise = tf.cast(noise, tf.float32) * tf.cast(self.noise_strength, tf.float32)
         x = modulated_conv2d(x, self.kernel, styles, demodulate=True, up=self.up,
-                             noise=noise)
+                             noise=noise, taps=self.taps)
         return bias_act(x, self.bias, "lrelu", 1.0, self.conv_clamp)
 
     def compute_output_shape(self, input_shape, w_shape=None, noise_shape=None):

@@ -29,9 +29,15 @@ which DTensor has: `avg_pool`, installed on every AveragePooling2D of a model on
 import keras
 import tensorflow as tf
 
+from tf_gan_scale.layers import stylegan
+
 # Layer type -> the kernel axis of its output channels ([kh, kw, in, out] for Conv2D,
-# [kh, kw, out, in] for Conv2DTranspose).
+# [kh, kw, out, in] for Conv2DTranspose). StyleGAN2's convolutions (the equalized one of
+# D, the modulated one of G) take tap functions for their conv2d_resample
+# (`layer.taps`); their kernels are [k, k, in, out].
 OUT_AXIS = {keras.layers.Conv2D: 3, keras.layers.Conv2DTranspose: 2}
+STYLE_CONVS = (stylegan.EqualizedConv2D, stylegan.SynthesisLayer)
+OUT_AXIS.update({kind: 3 for kind in STYLE_CONVS})
 
 
 def out_axis(layer):
@@ -43,6 +49,8 @@ def unsupported(layer):
     """Why `layer`'s convolution cannot be computed by taps here ("" when it can)."""
     if out_axis(layer) is None:
         return f"{type(layer).__name__} (only Conv2D and Conv2DTranspose)"
+    if isinstance(layer, STYLE_CONVS):  # Channels last, no dilation: every one.
+        return ""
     bad = []
     if layer.data_format != "channels_last":
         bad.append(f"data_format={layer.data_format!r}")
@@ -102,21 +110,27 @@ def _spread(t, s, axis):
     return tf.reshape(parts, shape)
 
 
-def conv2d_transpose(x, kernel, strides):
-    """Keras' Conv2DTranspose with padding "same" (channels_last, dilation 1, no
-    output_padding) as a sum over taps.
+def conv2d_transpose(x, kernel, strides, padding="same"):
+    """Keras' Conv2DTranspose (channels_last, dilation 1, no output_padding) as a sum
+    over taps.
 
     Args:
         x: [B, H, W, C_in] (static H, W).
         kernel: [kh, kw, C_out, C_in].
         strides: (sh, sw).
+        padding: "same", or "valid" (tf.nn.conv2d_transpose's: every tap kept).
     Returns:
-        [B, H * sh, W * sw, C_out].
+        [B, H * sh, W * sw, C_out] ("same"), [B, H * sh + max(kh - sh, 0), ...,
+        C_out] ("valid": (H - 1) * sh + kh when kh >= sh).
     """
     kh, kw = int(kernel.shape[0]), int(kernel.shape[1])
     (sh, sw), (h, w) = strides, (int(x.shape[1]), int(x.shape[2]))
-    ho, wo = h * sh, w * sw
-    top, left = max(kh - sh, 0) // 2, max(kw - sw, 0) // 2
+    if padding == "same":
+        ho, wo = h * sh, w * sw
+        top, left = max(kh - sh, 0) // 2, max(kw - sw, 0) // 2
+    else:  # Input pixel (h, w)'s tap (i, j) lands at (h*sh + i, w*sw + j).
+        ho, wo = h * sh + max(kh - sh, 0), w * sw + max(kw - sw, 0)
+        top, left = 0, 0
     margin = max(kh, kw)  # Room to shift by any tap offset, then cut [0, ho) x [0, wo).
     y = None
     for i in range(kh):
@@ -132,7 +146,15 @@ def conv2d_transpose(x, kernel, strides):
 
 def use_taps(layer, constrain_input=lambda x: x):
     """Makes this instance of a Conv2D / Conv2DTranspose compute by taps (bias and
-    activation as Keras does), its input passed through `constrain_input` first."""
+    activation as Keras does), its input passed through `constrain_input` first; a
+    StyleGAN2 convolution its conv2d_resample (its input is constrained apart:
+    layouts.CONSTRAIN_INPUT)."""
+    if isinstance(layer, STYLE_CONVS):
+        layer.taps = (conv2d, conv2d_transpose)
+        call = layer.call
+        layer.call = lambda inputs, *args, **kwargs: call(constrain_input(inputs), *args,
+                                                          **kwargs)
+        return
     transposed = isinstance(layer, keras.layers.Conv2DTranspose)
 
     def call(inputs):

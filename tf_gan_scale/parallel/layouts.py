@@ -70,7 +70,8 @@ def _conv(layer, weight, model_size):
 # Layer type -> fn(layer, weight, model_size) -> spec or None (replicated). isinstance
 # order: the first matching type decides.
 RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
-         keras.layers.Conv2D: _conv, keras.layers.Conv2DTranspose: _conv}
+         keras.layers.Conv2D: _conv, keras.layers.Conv2DTranspose: _conv,
+         EqualizedConv2D: _conv}
 
 
 # Weights the default plan keeps whole although a rule above could split them, because
@@ -148,6 +149,11 @@ def plan(models, dims, overrides=()):
                 weights[weight_path(model, w)] = (w, spec)
             if isinstance(layer, CONSTRAIN_INPUT):
                 kernels[weight_path(model, layer.kernel)] = layer
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, SynthesisLayer):  # Not a leaf (it owns its affine).
+                path = weight_path(model, layer.kernel)
+                weights[path] = (layer.kernel, _conv(layer, layer.kernel, m) if m > 1 else None)
+                kernels[path] = layer
     out = {path: spec or (None,) * len(w.shape) for path, (w, spec) in weights.items()}
     for pattern in KEEP_WHOLE:
         for path in out:
@@ -283,5 +289,8 @@ def shard(models, mesh, weight_plan):
                 _constrain(layer, mesh, "input")
             elif isinstance(layer, keras.layers.AveragePooling2D):
                 conv.use_slice_pool(layer)  # MeshTrainer refused the ones it cannot.
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, SynthesisLayer) and _split(layer.kernel):
+                conv.use_taps(layer)  # Its input is constrained above.
 
 
