@@ -32,7 +32,7 @@ from tensorflow.experimental import dtensor
 
 from tf_gan_scale import errors
 from tf_gan_scale.cluster.mesh_spec import AXES, MODEL
-from tf_gan_scale.layers.stylegan import EqualizedConv2D, SynthesisLayer, ToRGB
+from tf_gan_scale.layers.stylegan import EqualizedConv2D, EqualizedDense, SynthesisLayer, ToRGB
 from tf_gan_scale.parallel import conv, tensors
 
 # Convolution kernels from this many values (4 MB in float32; a 3x3 conv of 384 -> 384
@@ -71,7 +71,7 @@ def _conv(layer, weight, model_size):
 # order: the first matching type decides.
 RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
          keras.layers.Conv2D: _conv, keras.layers.Conv2DTranspose: _conv,
-         EqualizedConv2D: _conv}
+         EqualizedConv2D: _conv, EqualizedDense: _dense}
 
 
 # Weights the default plan keeps whole although a rule above could split them, because
@@ -83,9 +83,14 @@ RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
 # - the conditional batch norm's gain / bias Dense layers (one per G block, fed by that
 #   concatenation): "output layout of Relayout op after layout propagation does not match
 #   layout specified by Relayout op" in G's gradient.
-# Both are small next to the convolutions (BigGAN-128: 148 x 1536 per cBN Dense).
+# - StyleGAN2's style affines (w -> one scale per input channel of a modulated conv):
+#   split, the toRGB's 1-channel output failed "requires dimension 3 to be divisible by
+#   sharding ... size=1" (the styles split the channels its 1x1 convolution sums).
+# All are small next to the convolutions (BigGAN-128: 148 x 1536 per cBN Dense;
+# StyleGAN2-256: 512 x 512 per affine).
 KEEP_WHOLE = (r"^generator/shared/embeddings$",
-              r"^generator/.*conditional_batch_normalization[^/]*/")
+              r"^generator/.*conditional_batch_normalization[^/]*/",
+              r"^generator/synthesis/.*/affine/")
 
 
 def parse_spec(text, path=None):
