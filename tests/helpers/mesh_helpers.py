@@ -33,13 +33,16 @@ def config(arch, optimizer, d_steps=1, ema=False, train=()):
             "name": "biggan", "latent_dim": 8, "conditional": True, "ch": 4,
             "g_channels": (2, 2), "d_channels": (1, 2), "attention": 8, "shared_dim": 4,
             "sync_bn": True})
-    elif arch == "stylegan2":  # Mapping + synthesis (modulated convs, per-row noise,
+    elif arch.startswith("stylegan2"):  # Mapping + synthesis (modulated convs, per-row noise,
         # FIR resampling, skip toRGBs), resnet D with minibatch std in chunks of 4
         # global rows; lazy phases, path length, style mixing, ADA, float16 all off.
         c.model = ml_collections.ConfigDict({
             "name": "stylegan2", "latent_dim": 8, "conditional": False, "w_dim": 8,
             "mapping_layers": 2, "fmaps": 1 / 256, "channel_max": 8, "mbstd_group": 2,
             "mbstd_chunk": 4, "num_fp16_res": 0, "conv_clamp": 0.0})
+        # "stylegan2_cond": the class-conditional variant (label embedding into the
+        # mapping, projection in D's epilogue), 4 classes.
+        c.model.conditional = arch == "stylegan2_cond"
     else:
         c.data.source = "toy:ring8"
         c.model = ml_collections.ConfigDict({
@@ -57,7 +60,7 @@ def config(arch, optimizer, d_steps=1, ema=False, train=()):
         c.train.ema.decay, c.train.ema.start, c.train.ema.warmup = 0.8, 2, 3
     name, _, options = optimizer.partition(":")  # e.g. "sgd:momentum=0.9,nesterov=True"
     lr = {"dcgan": 0.1, "mlp": 0.1, "resnet": 0.05, "biggan": 0.01,
-          "stylegan2": 0.01}[arch] if (
+          "stylegan2": 0.01, "stylegan2_cond": 0.01}[arch] if (
         name == "sgd") else 1e-3
     opt = {"name": name, "learning_rate": lr}
     for item in filter(None, options.split(",")):
@@ -75,6 +78,8 @@ def data_of(arch):
     are used: the batches are random)."""
     if arch == "biggan":
         return (16, 16, 1), 4
+    if arch == "stylegan2_cond":
+        return (8, 8, 1), 4
     if arch == "mlp":
         from tf_gan_scale import data
         return data.load("toy:ring8").shape, 0

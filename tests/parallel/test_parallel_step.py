@@ -91,11 +91,17 @@ def test_residual_models_on_a_mesh_equal_one_device(spec, arch, convs, split_con
 # computed by taps (layer.taps), and so are the mapping network's and D's epilogue's
 # equalized Dense kernels; the toRGBs' 1 output channel and the style affines stay whole.
 @pytest.mark.slow  # ~30 s each.
-@pytest.mark.parametrize("spec, convs, split", [("batch:1,model:2", True, 12),
-                                                ("batch:2,model:1", False, 0)])
-def test_stylegan2_on_a_mesh_equals_one_device(spec, convs, split):
-    out = equivalence(spec, "stylegan2", "sgd", steps=10, convs=convs)
+# The class-conditional variant adds a label embedding to G's mapping and a mapping of
+# the label to D's projection (both split on 1x2: 22 kernels).
+@pytest.mark.parametrize("spec, arch, convs, split", [
+    ("batch:1,model:2", "stylegan2", True, 12), ("batch:2,model:1", "stylegan2", False, 0),
+    ("batch:1,model:2", "stylegan2_cond", True, 22)])
+def test_stylegan2_on_a_mesh_equals_one_device(spec, arch, convs, split):
+    out = equivalence(spec, arch, "sgd", steps=10, convs=convs)
     assert len(out["split"]) == split, out["split"]
+    if arch == "stylegan2_cond":
+        assert {"generator/mapping/embed/kernel",
+                "discriminator/mapping/embed/kernel"} <= set(out["split"]), out["split"]
     if split:
         assert {"generator/synthesis/b8_conv0/kernel", "generator/mapping/fc0/kernel",
                 "discriminator/b8_conv1/kernel", "discriminator/b4_fc/kernel"} <= set(
