@@ -89,7 +89,8 @@ def devices(indices):
         if k > len(names):
             raise errors.ConfigError(
                 f"--placement=stages:{k}: {k} stages but the process has {len(names)} {kind} "
-                f"device(s); valid: stages:2..{len(names)}{hint(k)}")
+                f"device(s); valid: "
+                f"{f'stages:2..{len(names)}' if len(names) >= 2 else 'no pipeline'}{hint(k)}")
         return {"stages": names[:k], "recompute": bool(indices.get("recompute"))}
     bad = {net: i for net, i in indices.items() if i >= len(names)}
     if bad:

@@ -50,8 +50,8 @@ def check_config(config):
         bad.append(f"config.model.num_fp16_res={m.get('num_fp16_res', 0)}")
     if bad:
         raise errors.ConfigError(
-            f"not supported on a mesh yet: {', '.join(bad)}; valid: no XLA, "
-            f"global batch norm -- or train without a mesh (tf.distribute)")
+            f"not supported on a mesh yet: {', '.join(bad)}; valid: those settings off, "
+            f"or train without a mesh (tf.distribute)")
 
 
 class SharedCheckpoints:
