@@ -175,10 +175,9 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
 
     # The step's own state (ADA's p and statistic, LeCam's anchors, StyleGAN2's pl_mean):
     # [one device, mesh] values of those the GAN has.
-    state = {name: [np.asarray(getattr(ref, name).numpy()).tolist(),
-                    np.asarray(tensors.gather(getattr(mesh_gan, name))).tolist()]
-             for name in ("ada_p", "ada_stats", "lecam_anchors", "pl_mean")
-             if getattr(ref, name, None) is not None}
+    state = {name: [np.asarray(v.numpy()).tolist(),
+                    np.asarray(tensors.gather(mesh_gan.step_state()[name])).tolist()]
+             for name, v in ref.step_state().items()}
     diff = max(gap(a, b) for a, b in pairs[:2])
     ema_diff = gap(*pairs[2]) if ema else None
     return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],

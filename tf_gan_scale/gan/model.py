@@ -292,10 +292,14 @@ class GAN(keras.Model):
                  "g_optimizer": self.g_optimizer, "d_optimizer": self.d_optimizer}
         if self.ema is not None:
             items["ema_generator"] = self.ema.model
-        for name in ("lecam_anchors", "ada_p", "ada_stats", "pl_mean"):
-            if getattr(self, name, None) is not None:
-                items[name] = getattr(self, name)
-        return items
+        return {**items, **self.step_state()}
+
+    def step_state(self):
+        """{name: variable} of the step's own state beyond networks and optimizers, those
+        this GAN's knobs create: LeCam's anchors, ADA's p and statistic, the path-length
+        mean. Checkpointed (`checkpoint_items`); small, so a mesh replicates them."""
+        names = ("lecam_anchors", "ada_p", "ada_stats", "pl_mean")
+        return {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, inside the model's strategy scope: Keras'

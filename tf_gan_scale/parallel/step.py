@@ -179,11 +179,8 @@ class MeshTrainer:
             place_optimizer(opt, mesh)
         # The GAN's other checkpointed state (LeCam's anchors, ADA's p and statistic,
         # the path-length mean): small, replicated, updated from global values.
-        networks = {"generator", "discriminator", "ema_generator", "g_optimizer",
-                    "d_optimizer"}
-        for name, v in gan.checkpoint_items().items():
-            if name not in networks:
-                place_replicated(v, mesh)
+        for v in gan.step_state().values():
+            place_replicated(v, mesh)
         # autograph=False: the step math is plain Python around ops
         # (gan.step_function.unconverted_if_own). One trace per d_steps and batch shape.
         self._step_fn = tf.function(self._step, autograph=False)
