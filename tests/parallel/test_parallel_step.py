@@ -272,8 +272,8 @@ def test_float16_style_blocks_are_refused_on_a_mesh():
 
 def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():
     # Average pooling runs on a mesh as strided slices (DTensor cannot expand AvgPool's
-    # gradient, "tf.AvgPoolGrad op does not implement layout propagation"), which only
-    # "valid" windows allow: a "same" pool is one line instead, before any weight moves.
+    # gradient, "tf.AvgPoolGrad op does not implement layout propagation"), channels
+    # last: a channels-first pool is one line instead, before any weight moves.
     import keras
 
     from tf_gan_scale import architectures, errors, gan as gan_lib
@@ -282,32 +282,34 @@ def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():
                                g_channels=(8, 8), d_channels=(8, 8, 8), d_downsample=2)
     pools = [layer for layer in d._flatten_layers()
              if isinstance(layer, keras.layers.AveragePooling2D)]
-    pools[0].padding = "same"
+    pools[0].data_format = "channels_first"
     model = gan_lib.GAN(g, d, latent_dim=4)
     model.compile(d_optimizer=keras.optimizers.SGD(), g_optimizer=keras.optimizers.SGD())
     dims = {"batch": 1, "model": 2}
     with pytest.raises(errors.ConfigError, match=r"not supported on a mesh yet: "
-                                                 r"AveragePooling2D with padding='same' in "
-                                                 r"discriminator; "):
+                                                 r"AveragePooling2D with data_format="
+                                                 r"'channels_first' in discriminator; "):
         step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"), layouts.plan((g, d), dims))
     from tensorflow.experimental import dtensor
     assert not any(isinstance(w._value, dtensor.DVariable) for w in g.weights + d.weights)
 
 
+@pytest.mark.parametrize("padding", ["valid", "same"])
 @pytest.mark.parametrize("pool, strides, shape", [(2, 2, (2, 8, 8, 3)), (3, 2, (1, 9, 7, 2)),
                                                   ((2, 3), (1, 2), (2, 6, 9, 1))])
-def test_pooling_by_slices_is_keras_average_pooling(pool, strides, shape):
+def test_pooling_by_slices_is_keras_average_pooling(pool, strides, shape, padding):
     # Values and input gradients (the op DTensor cannot expand is the gradient).
     import keras
     import tensorflow as tf
 
     from tf_gan_scale.parallel import conv
-    layer = keras.layers.AveragePooling2D(pool, strides)
+    layer = keras.layers.AveragePooling2D(pool, strides, padding=padding)
     x = tf.constant(np.random.default_rng(0).standard_normal(shape), tf.float32)
     w = tf.constant(np.random.default_rng(1).standard_normal(layer(x).shape), tf.float32)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
-        want, got = layer(x), conv.avg_pool(x, layer.pool_size, layer.strides)
+        want = layer(x)
+        got = conv.avg_pool(x, layer.pool_size, layer.strides, padding)
         loss_want, loss_got = tf.reduce_sum(want * w), tf.reduce_sum(got * w)
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6)
     np.testing.assert_allclose(tape.gradient(loss_got, x).numpy(),

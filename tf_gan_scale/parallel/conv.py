@@ -27,6 +27,7 @@ which DTensor has: `avg_pool`, installed on every AveragePooling2D of a model on
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_gan_scale.layers import stylegan
@@ -175,34 +176,44 @@ def pool_unsupported(layer):
     bad = []
     if layer.data_format != "channels_last":
         bad.append(f"data_format={layer.data_format!r}")
-    if layer.padding != "valid":  # "same" divides edge windows by fewer values.
-        bad.append(f"padding={layer.padding!r}")
     return ", ".join(bad)
 
 
-def avg_pool(x, pool_size, strides):
-    """Keras' AveragePooling2D (padding "valid", channels_last) as the mean of the
-    pool's ph x pw strided slices.
+def avg_pool(x, pool_size, strides, padding="valid"):
+    """Keras' AveragePooling2D (channels_last) as the mean of the pool's ph x pw strided
+    slices. "same" pads with zeros as TensorFlow does and divides each window by the
+    number of its values inside the image (TensorFlow's AvgPool: padding is not counted).
 
     Args:
         x: [B, H, W, C] (static H, W). pool_size: (ph, pw). strides: (sh, sw).
+        padding: "valid" or "same".
     Returns:
-        [B, (H - ph) // sh + 1, (W - pw) // sw + 1, C].
+        [B, (H - ph) // sh + 1, (W - pw) // sw + 1, C] ("valid"), [B, ceil(H / sh),
+        ceil(W / sw), C] ("same").
     """
     (ph, pw), (sh, sw) = pool_size, strides
-    ho = (int(x.shape[1]) - ph) // sh + 1
-    wo = (int(x.shape[2]) - pw) // sw + 1
+    h, w = int(x.shape[1]), int(x.shape[2])
+    if padding == "same":
+        (ho, top, bottom), (wo, left, right) = _same_pads(h, ph, sh), _same_pads(w, pw, sw)
+        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+        inside = np.pad(np.ones((h, w)), ((top, bottom), (left, right)))
+        count = sum(inside[i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
+                    for i in range(ph) for j in range(pw))  # [ho, wo], a constant.
+        scale = tf.constant((1.0 / count)[None, :, :, None], x.dtype)
+    else:
+        ho, wo = (h - ph) // sh + 1, (w - pw) // sw + 1
+        scale = 1.0 / (ph * pw)
     y = None
     for i in range(ph):
         for j in range(pw):
             part = x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
             y = part if y is None else y + part
-    return y * (1.0 / (ph * pw))
+    return y * scale
 
 
 def use_slice_pool(layer):
     """Makes this instance of an AveragePooling2D pool by slices (`avg_pool`)."""
     def call(inputs):
-        return avg_pool(inputs, tuple(layer.pool_size), tuple(layer.strides))
+        return avg_pool(inputs, tuple(layer.pool_size), tuple(layer.strides), layer.padding)
 
     layer.call = call  # This instance only.

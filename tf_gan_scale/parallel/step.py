@@ -101,10 +101,10 @@ def place_replicated(variable, mesh):
 
 
 def _unsupported_layers(models):
-    """["AveragePooling2D with padding='same' in discriminator", ...] for the layers of
-    `models` a mesh cannot run: a ConfigError before anything runs, not an error inside
-    the first step. Average pooling runs by strided slices (conv.avg_pool; DTensor cannot
-    expand AvgPool's own gradient), which "valid" windows only allow."""
+    """["AveragePooling2D with data_format='channels_first' in discriminator", ...] for
+    the layers of `models` a mesh cannot run: a ConfigError before anything runs, not an
+    error inside the first step. Average pooling runs by strided slices (conv.avg_pool;
+    DTensor cannot expand AvgPool's own gradient), written for channels last."""
     found = []
     for model in models:
         whys = sorted({f"{type(layer).__name__} with {conv.pool_unsupported(layer)}"
@@ -141,7 +141,7 @@ class MeshTrainer:
 
     Not yet on a mesh (a ConfigError, not a silently different run): the step knobs
     StepConfig marks (`unsupported("mesh")`), Keras' gradient_accumulation_steps, and
-    average pooling with "same" padding. Mixed precision runs, mixed_float16 with its
+    channels-first average pooling. Mixed precision runs, mixed_float16 with its
     loss-scale optimizer. The GAN's Keras loss trackers are not updated (host
     variables): `train_step` returns the losses.
     """
