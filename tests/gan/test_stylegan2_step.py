@@ -280,11 +280,12 @@ def test_mixing_needs_a_style_generator():
 
 
 def test_engines_that_cannot_run_it_refuse():
-    config = StepConfig(augment="ada", lazy_phases=True, style_mixing=0.9)
-    for engine in ("placement", "pipeline"):
-        refused = " ".join(config.unsupported(engine))
-        assert "augment='ada'" in refused and "lazy_phases" in refused
-    assert "augment" not in " ".join(config.unsupported("mesh"))  # ADA runs on a mesh.
+    config = StepConfig(augment="ada", lazy_phases=True, style_mixing=0.9, pl_weight=2.0)
+    refused = " ".join(config.unsupported("placement"))
+    assert all(k in refused for k in ("augment='ada'", "lazy_phases", "pl_weight",
+                                      "style_mixing"))
+    # A DTensor mesh runs them all (tests/parallel/test_parallel_step.py).
+    assert config.unsupported("mesh") == []
     assert StepConfig(augment="color").unsupported("mesh") == []
 
 

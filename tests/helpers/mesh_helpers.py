@@ -88,7 +88,8 @@ def data_of(arch):
 
 @functools.lru_cache(maxsize=None)
 def reference(arch, optimizer, steps, d_steps=1, ema=False, train=(), shards=1):
-    """The one-device run (GAN.train_step) of a config: (the trained GAN, the initial
+    """The one-device run (GAN.train_step; with lazy phases the model's step loop, which
+    runs them) of a config: (the trained GAN, the initial
     weights of [G, D(, EMA G)], the batches it saw: steps x d_steps arrays [GB, *shape],
     the last step's logs). Cached: mesh cases of the same GAN compare against one run,
     and none of them changes it (they copy its initial weights)."""
@@ -109,10 +110,24 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False, train=(), shards=1):
     batches = [[(np.tanh(rng.standard_normal((GB, *shape))).astype(np.float32),
                  rng.integers(0, max(classes, 1), GB).astype(np.int32))
                 for _ in range(d_steps)] for _ in range(steps)]
-    ref_step = tf.function(ref.train_step)
-    for xs in batches:
-        feed = [{"x": tf.constant(x), "label": tf.constant(y)} for x, y in xs]
-        out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
+    if ref.step_config.lazy_phases:
+        # StyleGAN2's lazy phases (and the EMA after them) live in the model's step loop
+        # (step_function.make_train_function), not in GAN.train_step: run that loop,
+        # one GAN step per call, its trackers reset so the logs are that step's losses.
+        flat = [pair for xs in batches for pair in xs]
+        iterator = iter(tf.data.Dataset.from_tensor_slices(
+            {"x": np.stack([x for x, _ in flat]), "label": np.stack([y for _, y in flat])}))
+        train_function = ref.make_train_function()
+        for _ in batches:
+            for m in ref.metrics:
+                m.reset_state()
+            out = train_function(iterator)
+        out = {k: out[k] for k in ("d_loss", "g_loss")}
+    else:
+        ref_step = tf.function(ref.train_step)
+        for xs in batches:
+            feed = [{"x": tf.constant(x), "label": tf.constant(y)} for x, y in xs]
+            out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
     return ref, init, batches, {k: float(v) for k, v in out.items()}
 
 

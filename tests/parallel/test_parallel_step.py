@@ -174,6 +174,39 @@ def test_group_batch_norm_on_a_mesh_equals_the_shards_as_replicas(arch):
         assert out["max_diff"] > 100 * TOL, out
 
 
+# StyleGAN2's lazy phases on a mesh: after the main D and G updates, R1 as its own D
+# update (every penalty_every steps) and path length as its own G update (every pl_every
+# steps, pl_mean updated from the global path-length batch), then the EMA, with style
+# mixing on. The mesh decides the schedule on the host (DTensor cannot run the cond
+# around them), one trace per pattern: over 8 steps R1 runs at 0, 2, 4, 6 and path
+# length at 0, 3, 6, so all four patterns run. The reference is the model's own step
+# loop (step_function: GAN.train_step alone runs no phase). Measured on 2x1 and 1x2:
+# weights 2.4e-7, EMA 6.0e-8, pl_mean equal; the mesh skipping R1 misses by 2.4e-3, skipping
+# path length by 3.0 (pl_mean stays 0), a doubled learning rate by 2.9e-2.
+STYLEGAN2_PHASES = (("lazy_phases", True), ("penalty", "r1"), ("penalty_weight", 1.0),
+                    ("penalty_every", 2), ("pl_weight", 2.0), ("pl_every", 3),
+                    ("style_mixing", 0.9))
+
+
+@pytest.mark.slow  # ~30-45 s each (one device, then four traces of the mesh step).
+@pytest.mark.parametrize("spec, ema", [("batch:2,model:1", True), ("batch:1,model:2", False)])
+def test_stylegan2_lazy_phases_on_a_mesh_equal_one_device(spec, ema):
+    out = equivalence(spec, "stylegan2", "sgd", steps=8, ema=ema, train=STYLEGAN2_PHASES)
+    check(out, 8)
+    ref, mesh = out["state"]["pl_mean"]
+    assert ref > 1e-3, out  # Path length ran (pl_mean starts at 0).
+    np.testing.assert_allclose(mesh, ref, rtol=1e-5, atol=TOL)
+    if ema:  # The EMA after the phases (GanStep.end_of_step).
+        assert out["ema_diff"] < TOL, out
+
+
+@pytest.mark.slow  # ~30 s.
+def test_a_doubled_learning_rate_misses_the_stylegan2_phases():
+    out = equivalence("batch:2,model:1", "stylegan2", "sgd", steps=8, lr_scale=2.0,
+                      train=STYLEGAN2_PHASES)
+    assert out["max_diff"] > 100 * TOL, out  # Measured 2.9e-2.
+
+
 # Mixed precision: both runs compute in the same policy, so they differ by its rounding
 # alone, which grows quickly in 16-bit activations. The measure is relative: |w_mesh -
 # w_ref| / |w_ref - w_start| over trainable weights (1 = off by the whole update). Measured
@@ -255,19 +288,20 @@ def test_settings_the_mesh_cannot_run_yet_are_refused(setting, message):
 
 
 def test_float16_style_blocks_are_refused_on_a_mesh():
-    # The presets' per-block float16 (StyleGAN2 is not on the mesh yet); the config check
-    # (before any data is read) names it among the settings the mesh cannot run yet
-    # (the lazy phases are another).
+    # The presets' per-block float16; the config check (before any data is read) names
+    # it alone: the preset's lazy phases (R1 every 16 steps), ADA and gradient cleaning
+    # run on a mesh, so without float16 blocks the preset is accepted.
     from tf_gan_scale import configs, errors
     from tf_gan_scale.training import mesh_runner
     config = configs.stylegan2("cifar")
+    assert config.train.lazy_phases
     with pytest.raises(errors.ConfigError, match="not supported on a mesh yet: ") as e:
         mesh_runner.check_config(config)
     assert "config.model.num_fp16_res=4" in str(e.value)
+    assert "lazy_phases" not in str(e.value)
     config.model.num_fp16_res = 0
-    with pytest.raises(errors.ConfigError) as e:
-        mesh_runner.check_config(config)
-    assert "num_fp16_res" not in str(e.value)
+    config.train.pl_weight, config.train.style_mixing = 2.0, 0.9
+    mesh_runner.check_config(config)  # Accepted: lazy phases, path length, mixing.
 
 
 def test_layers_dtensor_cannot_run_are_refused_before_anything_moves():

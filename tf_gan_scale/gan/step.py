@@ -514,7 +514,7 @@ class GanStep:
         Returns {"d_reg": global mean penalty, NONFINITE: code}."""
         c = self.config
         real, labels = unpack(data, need_labels=bool(self.num_classes))
-        b = tf.shape(real)[0]
+        b = batch_rows(real)  # Static where it can be (a mesh cannot range over a tensor).
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
         weight = float(c.penalty_weight) * c.penalty_every  # The lazy gain.
@@ -567,7 +567,7 @@ class GanStep:
         Returns {"pl_penalty": global mean penalty, NONFINITE: code}."""
         c = self.config
         real, _ = unpack(data)
-        b = tf.shape(real)[0]
+        b = batch_rows(real)  # As in d_reg.
         rows = self.pl_rows(b)
         count = tf.cast(replica.global_batch_size(tf.shape(rows)[0]), tf.float32)
         z = latents.rows_normal(latents.key(self.seed, step, latents.PL_PHASE), rows,
@@ -599,6 +599,22 @@ class GanStep:
                                                   [penalty])
         self.pl_mean.assign(new_mean)
         return {"pl_penalty": pen, NONFINITE: tf.where(finite, 0, NONFINITE_G)}
+
+    def lazy_phases(self):
+        """StyleGAN2's regularization phases in the order a step runs them after its main
+        D and G updates: [(phase, interval)], `d_reg` (R1) with a penalty, then `g_reg`
+        (path length) with pl_weight; [] without lazy_phases. A phase of interval e runs
+        after step s when `phase_due(s, e)`; then, with any phase, `end_of_step`. The
+        data-parallel loop (step_function) and the mesh (parallel.step) both use this."""
+        c = self.config
+        if not c.lazy_phases:
+            return []
+        phases = []
+        if c.penalty != "none" and c.penalty_weight:
+            phases.append((self.d_reg, int(c.penalty_every)))
+        if c.pl_weight:
+            phases.append((self.g_reg, int(c.pl_every)))
+        return phases
 
     def end_of_step(self, step):
         """With lazy phases, what follows every phase of step `step` (the step loop runs
@@ -716,6 +732,16 @@ class GanStep:
         d_mean.update_state(sums[0] / count, sample_weight=count)
         g_mean.update_state(sums[1] / count, sample_weight=count)
         return {"d_loss": d_mean.result(), "g_loss": g_mean.result(), "examples": n}
+
+
+def phase_due(step, every):
+    """Whether a lazy phase of interval `every` runs after the step whose count BEFORE it
+    is `step` (every `every`-th step from step 0): a bool tensor for a step tensor (the
+    data-parallel loop's cond), a Python bool for a Python int (a DTensor mesh decides on
+    the host: it cannot run the cond)."""
+    if isinstance(step, int):
+        return step % every == 0
+    return tf.equal(step % every, 0)
 
 
 def batch_rows(x):

@@ -81,18 +81,18 @@ class StepConfig:
                                       "training loop (its float16 blocks have no loss "
                                       "scaling)")
     # StyleGAN2 (Karras et al. 2020): the regularizers as their own optimizer updates.
-    lazy_phases: bool = _knob(False, engines=("replicas",),
+    lazy_phases: bool = _knob(False, engines=("replicas", "mesh"),
                               doc="the penalty (every penalty_every steps) and path length "
                                   "(every pl_every steps) as their own updates on fresh "
                                   "passes, after the main D and G updates (StyleGAN2's "
                                   "Dreg / Greg), instead of fused into the D update")
-    pl_weight: float = _knob(0.0, engines=("replicas",),
+    pl_weight: float = _knob(0.0, engines=("replicas", "mesh"),
                              doc="path-length regularization of a style generator "
                                  "(StyleGAN2: 2; needs lazy_phases)")
     pl_every: int = _knob(4, doc="G steps between path-length updates (weight x pl_every)")
     pl_batch_shrink: int = _knob(2, doc="the path-length pass uses 1/k of each chunk's rows")
     pl_decay: float = _knob(0.01, doc="decay of the global path-length mean pl_mean")
-    style_mixing: float = _knob(0.0, engines=("replicas",),
+    style_mixing: float = _knob(0.0, engines=("replicas", "mesh"),
                                 doc="probability of mixing two latents at a cut-off layer "
                                     "(one draw per mbstd chunk) in a style generator")
 

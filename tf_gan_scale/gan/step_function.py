@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tf_gan_scale import errors
 from tf_gan_scale.gan import checks
-from tf_gan_scale.gan.step import NONFINITE, NONFINITE_D, NONFINITE_G, UNEVEN
+from tf_gan_scale.gan.step import NONFINITE, NONFINITE_D, NONFINITE_G, UNEVEN, phase_due
 
 _OWN = "_tf_gan_scale_own_step"
 
@@ -63,12 +63,8 @@ def make_train_function(model):
     if config.lazy_phases:
         gan_step = model.gan_step
         end_of_step = tf.autograph.experimental.do_not_convert(gan_step.end_of_step)
-        if config.penalty != "none" and config.penalty_weight:
-            lazy.append((tf.autograph.experimental.do_not_convert(gan_step.d_reg),
-                         int(config.penalty_every)))
-        if config.pl_weight:
-            lazy.append((tf.autograph.experimental.do_not_convert(gan_step.g_reg),
-                         int(config.pl_every)))
+        lazy = [(tf.autograph.experimental.do_not_convert(phase), every)
+                for phase, every in gan_step.lazy_phases()]
     # XLA compiles the per-replica step only: the iterator, the step loop and the
     # strategy's plumbing stay in the surrounding graph.
     if model.xla:
@@ -92,7 +88,7 @@ def make_train_function(model):
             # (MirroredStrategy's merge_call), and every worker takes the same branch.
             with tf.control_dependencies([new]):
                 phase_code = tf.cond(
-                    tf.equal(before % every, 0),
+                    phase_due(before, every),
                     lambda phase=phase: strategy.experimental_local_results(strategy.run(
                         phase, args=(batches[0], before)))[0][NONFINITE],
                     lambda: tf.constant(0, tf.int32))

@@ -148,13 +148,12 @@ def conv2d_transpose(x, kernel, strides, padding="same"):
 def use_taps(layer, constrain_input=lambda x: x):
     """Makes this instance of a Conv2D / Conv2DTranspose compute by taps (bias and
     activation as Keras does), its input passed through `constrain_input` first; a
-    StyleGAN2 convolution its conv2d_resample (its input is constrained apart:
-    layouts.CONSTRAIN_INPUT)."""
+    StyleGAN2 convolution its conv2d_resample (`layer.taps`), the same way."""
     if isinstance(layer, STYLE_CONVS):
         layer.taps = (conv2d, conv2d_transpose)
-        call = layer.call
-        layer.call = lambda inputs, *args, **kwargs: call(constrain_input(inputs), *args,
-                                                          **kwargs)
+        own = layer.call
+        layer.call = lambda inputs, *args, **kwargs: own(constrain_input(inputs), *args,
+                                                         **kwargs)
         return
     transposed = isinstance(layer, keras.layers.Conv2DTranspose)
 

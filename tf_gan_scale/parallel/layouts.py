@@ -32,6 +32,7 @@ from tensorflow.experimental import dtensor
 
 from tf_gan_scale import errors
 from tf_gan_scale.cluster.mesh_spec import AXES, MODEL
+from tf_gan_scale.architectures.stylegan2 import MappingNetwork
 from tf_gan_scale.layers.stylegan import EqualizedConv2D, EqualizedDense, SynthesisLayer, ToRGB
 from tf_gan_scale.parallel import conv, tensors
 
@@ -248,6 +249,12 @@ CONSTRAIN_INPUT = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D
                    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
                    keras.layers.Conv3DTranspose, EqualizedConv2D)
 CONSTRAIN_INPUT_COMPOSITE = (SynthesisLayer, ToRGB)  # Not leaves (their affine Dense).
+# - the output w of StyleGAN2's mapping network: in the path-length phase (a second
+#   backward through the synthesis network, on half of each chunk's rows) layout
+#   propagation wanted the mapping's normalize_2nd_moment mean replicated while its input
+#   was split over examples ("EmitAllScatter was passed a desired_layout ... which was
+#   not more sharded than the original_layout", in tf.Mean).
+CONSTRAIN_OUTPUT_COMPOSITE = (MappingNetwork,)
 
 
 def _constrain(layer, mesh, where):
@@ -281,6 +288,8 @@ def shard(models, mesh, weight_plan):
         for layer in model._flatten_layers(include_self=False, recursive=True):
             if isinstance(layer, CONSTRAIN_INPUT_COMPOSITE):
                 _constrain(layer, mesh, "input")
+            if isinstance(layer, CONSTRAIN_OUTPUT_COMPOSITE):
+                _constrain(layer, mesh, "output")
         for w in model.weights:
             value = tensors.to_mesh(w._value.read_value(), mesh,
                                     weight_plan[weight_path(model, w)])

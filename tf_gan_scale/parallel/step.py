@@ -191,18 +191,34 @@ class MeshTrainer:
         """GAN steps taken (G's update count, read from the mesh: restores included)."""
         return int(tensors.gather(self.gan.g_optimizer.iterations))
 
-    def _step(self, batches, penalty_due):
+    def _step(self, batches, penalty_due, phases_due=()):
         """One GAN step (traced by _step_fn): GanStep.train on the global batch, with
         batches a tuple of d_steps {"x": [GB, ...], "label": [GB]} DTensors and
         penalty_due None or a tuple of d_steps Python bools (a lazy penalty's schedule,
         decided on the host: DTensor cannot run its cond; one trace per pattern).
+        phases_due: with lazy phases, a Python bool per phase of
+        `GanStep.lazy_phases` (decided on the host the same way): after the main
+        updates, the due phases, then `end_of_step`, in step_function's order and with
+        its arguments (the step's first batch, the step count before it).
         Returns (last D loss, G loss, the nonfinite code: 0 or NONFINITE_D/_G)."""
         # StyleGAN2's FIR resampling by strided slices (DTensor cannot lay out the
         # depthwise convolution's input gradient); a no-op for the other families.
         with stylegan_layers.slice_resampling():
+            before = tf.identity(self.gan.step)
             out = self.step_math.train(batches[0] if len(batches) == 1 else batches,
                                        penalty_due)
-        return out["d_loss"], out["g_loss"], out[gan_step.NONFINITE]
+            code = out[gan_step.NONFINITE]
+            phases = self.step_math.lazy_phases()
+            for (phase, _), due in zip(phases, phases_due):
+                if due:  # After the main updates (and any phase before it).
+                    with tf.control_dependencies([code]):
+                        phase_code = phase(batches[0], before)[gan_step.NONFINITE]
+                    code = tf.where(code > 0, code, phase_code)
+            if phases:  # The EMA, after every phase.
+                with tf.control_dependencies([code]):
+                    done = self.step_math.end_of_step(before)
+                code = tf.where(code > 0, code, done)
+        return out["d_loss"], out["g_loss"], code
 
     def split(self):
         """The rows of each global batch this client builds (data.pipeline.Split): one
@@ -253,8 +269,12 @@ class MeshTrainer:
         due = None
         if self.gan.step_config.penalty_every > 1:
             due = tuple(self.step_math.penalty_due(step, k) for k in range(d_steps))
+        # StyleGAN2's lazy phases after this step: the data-parallel loop's rule
+        # (gan.step.phase_due) on the host, as for the lazy penalty.
+        phases = tuple(gan_step.phase_due(step, every)
+                       for _, every in self.step_math.lazy_phases())
         d_loss, g_loss, code = (tensors.gather(x) for x in self._step_fn(
-            tuple({"x": x, "label": y} for x, y in batches), due))
+            tuple({"x": x, "label": y} for x, y in batches), due, phases))
         losses = (float(d_loss), float(g_loss))
         if code or not np.all(np.isfinite(losses)):
             net = {gan_step.NONFINITE_G: "generator"}.get(int(code), "discriminator")

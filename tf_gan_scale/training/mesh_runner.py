@@ -45,7 +45,7 @@ def check_config(config):
         bad.append(f"config.model.sync_bn={m.get('sync_bn', True)} (per-shard statistics: "
                    f"sync_bn_group_size=1)")
     # StyleGAN2's per-block float16 (unscaled, its gradients cleaned by grad_nan_to_num):
-    # the StyleGAN2 family is not on the mesh yet.
+    # not on the mesh yet (StyleGAN2 in float32 is, with its lazy phases).
     if m.get("num_fp16_res", 0):
         bad.append(f"config.model.num_fp16_res={m.get('num_fp16_res', 0)}")
     if bad:
