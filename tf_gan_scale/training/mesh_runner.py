@@ -33,8 +33,8 @@ from tf_gan_scale.training import runner
 def check_config(config):
     """What the mesh cannot run yet, from the config alone (before data is read): one
     ConfigError naming every such setting: the step's knobs whose StepConfig metadata
-    leaves the mesh out, per-replica batch norm, StyleGAN2's float16 blocks.
-    MeshTrainer checks the built GAN again."""
+    leaves the mesh out, per-replica batch norm. MeshTrainer checks the built GAN
+    again."""
     t, m = config.train, config.model
     bad = StepConfig.from_train(t).unsupported("mesh")
     # Batch norm on a mesh is over the global batch (DTensor's SPMD moments), or over
@@ -44,10 +44,6 @@ def check_config(config):
     if not m.get("sync_bn", True):
         bad.append(f"config.model.sync_bn={m.get('sync_bn', True)} (per-shard statistics: "
                    f"sync_bn_group_size=1)")
-    # StyleGAN2's per-block float16 (unscaled, its gradients cleaned by grad_nan_to_num):
-    # not on the mesh yet (StyleGAN2 in float32 is, with its lazy phases).
-    if m.get("num_fp16_res", 0):
-        bad.append(f"config.model.num_fp16_res={m.get('num_fp16_res', 0)}")
     if bad:
         raise errors.ConfigError(
             f"not supported on a mesh yet: {', '.join(bad)}; valid: those settings off, "
