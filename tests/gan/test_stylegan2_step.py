@@ -289,6 +289,19 @@ def test_engines_that_cannot_run_it_refuse():
     assert StepConfig(augment="color").unsupported("mesh") == []
 
 
+def test_every_knob_an_engine_leaves_out_says_why():
+    # The refusal names each knob with the reason its metadata gives (one place).
+    import dataclasses
+
+    from tf_gan_scale.gan import step_config
+    restricted = [f for f in dataclasses.fields(StepConfig)
+                  if f.metadata["engines"] != step_config.ENGINES]
+    assert restricted and all(f.metadata["why"] for f in restricted)
+    assert StepConfig(pl_weight=2.0, lazy_phases=True).unsupported("placement") == [
+        f"config.train.lazy_phases=True ({step_config.UNTESTED})",
+        f"config.train.pl_weight=2.0 ({step_config.UNTESTED})"]
+
+
 def test_unknown_preset_and_batch_chunks():
     with pytest.raises(errors.ConfigError, match="unknown stylegan2 preset 'paper512'; valid: "
                                                  "cifar, paper256, stylegan2"):

@@ -124,8 +124,9 @@ def test_stage_split_and_refusals():
     with pytest.raises(errors.ConfigError, match="not a Sequential or functional"):
         pipeline.StagedNetwork(Sub(), ["a", "b"])
     bad = StepConfig(penalty="wgan_gp", penalty_weight=1.0, ortho_weight=1e-4)
-    assert bad.unsupported("pipeline") == ["config.train.penalty='wgan_gp'",
-                                           "config.train.ortho_weight=0.0001"]
+    assert bad.unsupported("pipeline") == [
+        "config.train.penalty='wgan_gp' (a second backward pass through every stage)",
+        "config.train.ortho_weight=0.0001 (its gradient is not split by stage)"]
     assert bad.unsupported("placement") == []
 
 
@@ -141,8 +142,8 @@ BAD = [
      "stages:2..2; split the CPU with --num_cpu_devices=3"),
     (["--placement=stages:2", "--num_cpu_devices=2", "--config.train.penalty=wgan_gp",
       "--config.train.penalty_weight=10"],
-     "--placement=stages:2 cannot run config.train.penalty='wgan_gp'; valid: their "
-     "defaults, or a strategy / --mesh"),
+     "--placement=stages:2 cannot run config.train.penalty='wgan_gp' (a second backward "
+     "pass through every stage); valid: their defaults, or a strategy / --mesh"),
     (["--placement=stages:2", "--strategy=mirrored"],
      "--placement=stages:2 cannot be combined with --strategy=mirrored"),
     (["--placement=stages:2", "--num_cpu_devices=2", "--config.train.jit_compile=true"],

@@ -163,7 +163,7 @@ def test_mesh_with_a_setting_it_cannot_run_exits_2(monkeypatch):
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1]
-    assert "not supported on a mesh yet: config.train.jit_compile='True';" in errors[0]
+    assert "not supported on a mesh yet: config.train.jit_compile='True' (XLA " in errors[0]
 
 
 @pytest.mark.slow  # Two runs of the tool in child processes, ~25 s each.

@@ -31,8 +31,13 @@ ADA = "ada"  # config.train.augment value of StyleGAN2-ADA's adaptive pipeline.
 JIT_CHOICES = ("auto", "true", "false")
 
 
-def _knob(default, *, engines=ENGINES, doc):
-    return dataclasses.field(default=default, metadata={"engines": engines, "doc": doc})
+def _knob(default, *, engines=ENGINES, doc, why=""):
+    """A field; `why`: why the engines left out cannot run it (shown in the refusal)."""
+    return dataclasses.field(default=default,
+                             metadata={"engines": engines, "doc": doc, "why": why})
+
+
+UNTESTED = "no equivalence test under this engine"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +51,15 @@ class StepConfig:
     # but was NOT compiled (no "Compiled cluster using XLA" logged, which a plain
     # jit_compile function logs; CPU, TF 2.21): accepting it would claim XLA falsely.
     jit_compile: Any = _knob(False, engines=("replicas",),
+                             why="XLA compiles one device's step: a DTensor step traced "
+                                 "with it is not compiled, a placed one spans devices",
                              doc="compile the per-replica step with XLA: a bool or "
                                  "auto | true | false (auto: off)")
     accumulation_steps: int = _knob(1, engines=ENGINES,
                                     doc="K micro-batches per update, one all-reduce")
     # Not in a pipeline: a gradient penalty is a second backward pass through every stage.
     penalty: Any = _knob("none", engines=NOT_PIPELINED,
+                         why="a second backward pass through every stage",
                          doc="a name in penalties.PENALTIES or a callable")
     penalty_weight: float = _knob(0.0, doc="weight of the per-example penalty in D's loss")
     penalty_every: int = _knob(1, doc="lazy regularization: the penalty every k-th D "
@@ -72,27 +80,28 @@ class StepConfig:
     instance_noise_steps: int = _knob(0, doc="anneal instance noise to 0 over this many "
                                              "G steps (0: constant)")
     ortho_weight: float = _knob(0.0, engines=NOT_PIPELINED,
+                                why="its gradient is not split by stage",
                                 doc="BigGAN's orthogonal regularization of G")
     grad_pack_bytes: int = _knob(0, doc="all-reduce gradients in packs of this size, "
                                         "last layers first (0: one all-reduce)")
-    grad_nan_to_num: bool = _knob(False, engines=("replicas", "mesh"),
+    grad_nan_to_num: bool = _knob(False, engines=("replicas", "mesh"), why=UNTESTED,
                                   doc="replace non-finite global gradients (NaN 0, +-inf "
                                       "+-1e5) before each update, as StyleGAN2-ADA's "
                                       "training loop (its float16 blocks have no loss "
                                       "scaling)")
     # StyleGAN2 (Karras et al. 2020): the regularizers as their own optimizer updates.
-    lazy_phases: bool = _knob(False, engines=("replicas", "mesh"),
+    lazy_phases: bool = _knob(False, engines=("replicas", "mesh"), why=UNTESTED,
                               doc="the penalty (every penalty_every steps) and path length "
                                   "(every pl_every steps) as their own updates on fresh "
                                   "passes, after the main D and G updates (StyleGAN2's "
                                   "Dreg / Greg), instead of fused into the D update")
-    pl_weight: float = _knob(0.0, engines=("replicas", "mesh"),
+    pl_weight: float = _knob(0.0, engines=("replicas", "mesh"), why=UNTESTED,
                              doc="path-length regularization of a style generator "
                                  "(StyleGAN2: 2; needs lazy_phases)")
     pl_every: int = _knob(4, doc="G steps between path-length updates (weight x pl_every)")
     pl_batch_shrink: int = _knob(2, doc="the path-length pass uses 1/k of each chunk's rows")
     pl_decay: float = _knob(0.01, doc="decay of the global path-length mean pl_mean")
-    style_mixing: float = _knob(0.0, engines=("replicas", "mesh"),
+    style_mixing: float = _knob(0.0, engines=("replicas", "mesh"), why=UNTESTED,
                                 doc="probability of mixing two latents at a cut-off layer "
                                     "(one draw per mbstd chunk) in a style generator")
 
@@ -207,15 +216,14 @@ class StepConfig:
         return getattr(self, name) != default
 
     def unsupported(self, engine):
-        """["config.train.<key>=<value>", ...] for the knobs that are on and that
+        """["config.train.<key>=<value> (why)", ...] for the knobs that are on and that
         `engine` (one of ENGINES) cannot run, in field order."""
-        out = [f"config.train.{f.name}={getattr(self, f.name)!r}"
+        out = [f"config.train.{f.name}={getattr(self, f.name)!r} ({f.metadata['why']})"
                for f in dataclasses.fields(self)
                if engine not in f.metadata["engines"] and self.is_on(f.name)]
-        # A DiffAugment policy runs anywhere, ADA on replicas and meshes; placement and
-        # pipelines have no test of it.
+        # A DiffAugment policy runs anywhere, ADA on replicas and meshes.
         if self.augment == ADA and engine not in ("replicas", "mesh"):
-            out.append(f"config.train.augment={ADA!r}")
+            out.append(f"config.train.augment={ADA!r} ({UNTESTED})")
         return out
 
     # ---- (de)serialization for .keras files ----------------------------------------------
