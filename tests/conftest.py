@@ -110,6 +110,48 @@ def pytest_collection_modifyitems(config, items):
     items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+# ---- the tiers' promise: a default-tier test starts no Python process ---------------------
+# docs/testing.md: `-m "not slow"` skips every test that starts its own processes, except
+# the default tier's few on purpose (listed here). A test that starts `python ...` while it
+# runs (fixture setup is not counted: the shared tiny run and the equivalence references
+# are fixtures) and is neither slow nor listed fails, naming the command.
+DEFAULT_TIER_PROCESSES = (
+    "integration/test_equivalence.py",   # the one real multi-process equivalence run
+    "helpers/test_warm_start.py",        # the warm-start shim itself (no TensorFlow)
+    "test_cli.py::test_train_resume_sample",  # exact resume end to end: 4 warm starts
+)
+
+
+def _python_argv(args):
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    return argv if argv and os.path.basename(str(argv[0])).startswith("python") else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if item.get_closest_marker("slow") or any(
+            item.nodeid.startswith("tests/" + a) or item.nodeid.startswith(a)
+            for a in DEFAULT_TIER_PROCESSES):
+        return (yield)
+    started, real_init = [], subprocess.Popen.__init__
+
+    def init(self, args, *a, **k):
+        if _python_argv(args):
+            started.append(" ".join(map(str, _python_argv(args)[1:4])))
+        real_init(self, args, *a, **k)
+
+    subprocess.Popen.__init__ = init
+    try:
+        result = yield
+    finally:
+        subprocess.Popen.__init__ = real_init
+    if started:
+        pytest.fail(f"{item.nodeid} starts a Python process ({started[0]} ...) but is not "
+                    "marked slow (docs/testing.md: tiers); mark it or add it to "
+                    "conftest.DEFAULT_TIER_PROCESSES", pytrace=False)
+    return result
+
+
 def run_cmd(args, timeout=300, env=None):
     """Runs `python ARGS` in the repo root; returns CompletedProcess (text)."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))

@@ -172,6 +172,14 @@ def test_bad_input_in_process_is_one_line_exit_2_and_leaves_the_workdir_alone(
     assert_bad(IN_PROCESS, [run_in_process(c) for c in commands], workdir, before)
     proc = run_in_process(["tools/sample.py", f"--workdir={tmp_path}/none", "--output=x.npy"])
     assert proc.returncode == 2 and "no training run in" in proc.stderr
+    # A new run that fails on its data (a batch larger than the source; the dataset itself
+    # is built lazily, after the workdir is written) creates no workdir at all.
+    fresh = tmp_path / "fresh"
+    [proc] = [run_in_process(c) for c in bad_commands(fresh, [(
+        ["--strategy=one_device", "--config.train.global_batch_size=4000"], "")])]
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "error: global batch 4000 must be in [1, 1797], the size of embedded:digits")
+    assert not fresh.exists()
 
 
 @pytest.mark.slow

@@ -27,7 +27,8 @@ def test_a_task_alone_gives_up_at_the_deadline_naming_the_missing_task():
     with pytest.raises(startup.StartupTimeout) as e:
         startup.wait_for_peers(cluster, 1, timeout_s=1.0, log=lines.append)
     elapsed = time.monotonic() - t0
-    assert 1.0 <= elapsed < 2.0
+    # Not before the deadline, and soon after it (slack for a loaded 2-core machine).
+    assert 1.0 <= elapsed < 10.0
     assert str(e.value) == (
         f"the cluster did not form within --startup_timeout_s=1: worker 0 ({cluster[0][1]}), "
         f"worker 2 ({cluster[2][1]}) did not connect (this is worker 1 at {cluster[1][1]}); "
@@ -103,7 +104,7 @@ def test_a_signal_while_waiting_raises_interrupted_and_restores_the_handlers(sig
     with pytest.raises(startup.Interrupted, match=f"^stopped by {sig.name} while waiting for "
                                                   f"the cluster; nothing was written$"):
         startup.wait_for_peers(tasks(2), 0, timeout_s=60, log=lambda line: None)
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 30  # The signal (0.5 s) ended it, not the 60 s timeout.
     assert signal.getsignal(sig) is before
 
 

@@ -8,8 +8,9 @@ Every element is a dict {"x": float32 [*shape], "label": int32 []}: images in [-
 NHWC, vectors as they are; labels flow through the pipeline for conditional models.
 """
 
-from tf_gan_scale.data.pipeline import Split, distribute, input_fn, make_dataset
+from tf_gan_scale.data.pipeline import (Split, check_batch_size, distribute, input_fn,
+                                        make_dataset)
 from tf_gan_scale.data.sources import DEFAULT_SOURCE, SOURCES, Source, from_arrays, load
 
-__all__ = ["DEFAULT_SOURCE", "SOURCES", "Source", "Split", "distribute", "from_arrays", "input_fn",
-           "load", "make_dataset"]
+__all__ = ["DEFAULT_SOURCE", "SOURCES", "Source", "Split", "check_batch_size", "distribute",
+           "from_arrays", "input_fn", "load", "make_dataset"]

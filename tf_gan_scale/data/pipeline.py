@@ -146,6 +146,15 @@ def _streamed(source, gb, seed, start_batch, repeat, split):
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def check_batch_size(source, global_batch_size):
+    """ConfigError unless a global batch fits in `source` (an epoch holds at least one).
+    prepare_run calls it before a run writes anything; make_dataset again for its callers."""
+    if not 0 < global_batch_size <= source.num_examples:
+        raise errors.ConfigError(
+            f"global batch {global_batch_size} must be in [1, {source.num_examples}], "
+            f"the size of {source.name}")
+
+
 def make_dataset(source, *, global_batch_size, seed, start_batch=0, repeat=True,
                  input_context=None, split=None):
     """Batches of `source`.
@@ -165,10 +174,7 @@ def make_dataset(source, *, global_batch_size, seed, start_batch=0, repeat=True,
         tf.data.Dataset of {"x": float32 [B, *shape], "label": int32 [B]}, B the global
         batch (no input_context) or the per-replica batch.
     """
-    if not 0 < global_batch_size <= source.num_examples:
-        raise errors.ConfigError(
-            f"global batch {global_batch_size} must be in [1, {source.num_examples}], "
-            f"the size of {source.name}")
+    check_batch_size(source, global_batch_size)
     per_worker = split is not None or input_context is not None
     split = split or Split.of(input_context)
     split.check(global_batch_size)

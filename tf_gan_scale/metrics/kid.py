@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tf_gan_scale import errors
+
 
 class MeanStd(NamedTuple):
     """A metric's mean and standard deviation over subsets or splits (floats)."""
@@ -33,7 +35,7 @@ def as_generator(seed):
     """np.random.Generator from an int seed or a Generator (used as is)."""
     if isinstance(seed, np.random.Generator):
         return seed
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    if errors.is_int(seed):
         return np.random.default_rng(int(seed))
     raise ValueError(f"seed must be an int or a numpy Generator; Received: seed={seed!r}")
 

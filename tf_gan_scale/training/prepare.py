@@ -209,6 +209,7 @@ def prepare_run(config, run_dir, *, num_replicas, scope=None, check=None, placem
     if check is not None:
         check(config)
     source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
+    data.check_batch_size(source, t.global_batch_size)  # Here: the dataset is built lazily.
     with scope or contextlib.nullcontext():
         model = build.build_gan(config, source.shape, source.num_classes, placement_spec)
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
