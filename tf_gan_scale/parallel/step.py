@@ -115,6 +115,15 @@ def _unsupported_layers(models):
     return found
 
 
+def refuse(bad):
+    """The one ConfigError for what a mesh cannot run yet (`bad`: settings, each with its
+    reason), from the config check (before anything is built) and MeshTrainer (after)."""
+    if bad:
+        raise errors.ConfigError(
+            f"not supported on a mesh yet: {', '.join(bad)}; valid: those settings off, "
+            f"or train them with a tf.distribute strategy (no --mesh)")
+
+
 class MeshTrainer:
     """Trains `gan` (a compiled `gan.GAN`) on `mesh` with the data-parallel step itself
     (`GanStep.train` on the global batch: penalties, lazy penalties, LeCam, accumulation,
@@ -153,9 +162,7 @@ class MeshTrainer:
         for name in ("d_optimizer", "g_optimizer"):
             bad += [f"{name} {o}" for o in _unsupported_options(getattr(gan, name))]
         bad += _unsupported_layers((gan.generator, gan.discriminator))
-        if bad:
-            raise errors.ConfigError(f"not supported on a mesh yet: {', '.join(bad)}; "
-                                     f"valid: run them with a tf.distribute strategy")
+        refuse(bad)
         self.gan, self.mesh = gan, mesh
         self.step_math = gan.gan_step
         gan.topology = MeshTopology()  # [real; fake] joined without a concat.

@@ -44,10 +44,7 @@ def check_config(config):
     if not m.get("sync_bn", True):
         bad.append(f"config.model.sync_bn={m.get('sync_bn', True)} (per-shard statistics: "
                    f"sync_bn_group_size=1)")
-    if bad:
-        raise errors.ConfigError(
-            f"not supported on a mesh yet: {', '.join(bad)}; valid: those settings off, "
-            f"or train without a mesh (tf.distribute)")
+    step_lib.refuse(bad)
 
 
 class SharedCheckpoints:
