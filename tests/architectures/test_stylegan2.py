@@ -107,8 +107,12 @@ def test_helpers_for_the_step():
     stylegan2.check_batch(model, 16)
     with pytest.raises(errors.ConfigError, match="per-replica batch 12 is not a multiple of 8"):
         stylegan2.check_batch(model, 12)
-    with pytest.raises(errors.ConfigError, match="not a multiple of 4"):
+    with pytest.raises(errors.ConfigError, match="not a multiple of 4; valid: a per-replica "
+                                                 "batch that is a multiple of 4$"):
         stylegan2.check_batch({"mbstd_group": 4}, 6)
+    with pytest.raises(errors.ConfigError, match=r"valid: mbstd_chunk in 4, 12 \(multiples "
+                                                 r"of mbstd_group dividing 12\), or a "):
+        stylegan2.check_batch(model, 12)
 
 
 def test_bad_options():

@@ -281,10 +281,15 @@ def check_batch(model_config, per_replica_batch):
     group = int(model_config.get("mbstd_group", 4))
     chunk = int(model_config.get("mbstd_chunk", 0)) or group
     if per_replica_batch % chunk:
+        fits = [c for c in range(group, per_replica_batch + 1, group)
+                if per_replica_batch % c == 0]
         raise errors.ConfigError(
             f"stylegan2 minibatch-std chunks of {chunk} rows (config.model.mbstd_chunk, "
             f"mbstd_group={group}) must not straddle replicas; the per-replica batch "
-            f"{per_replica_batch} is not a multiple of {chunk}")
+            f"{per_replica_batch} is not a multiple of {chunk}; valid: "
+            + (f"mbstd_chunk in {', '.join(map(str, fits))} (multiples of mbstd_group dividing "
+               f"{per_replica_batch}), or " if fits else "")
+            + f"a per-replica batch that is a multiple of {chunk}")
 
 
 def parts(generator):
