@@ -121,6 +121,9 @@ def broken(folder_and_prepared, tmp_path, how):
     elif how == "wrong count":
         meta["num_examples"] = 11
         (d / "dataset.json").write_text(json.dumps(meta))
+    elif how == "edited hash":  # A hand-edited dataset.json (or one of another dataset).
+        meta["content_hash"] = "0" * 64
+        (d / "dataset.json").write_text(json.dumps(meta))
     return d, shard
 
 
@@ -131,6 +134,8 @@ def broken(folder_and_prepared, tmp_path, how):
     ("bad json", "cannot read '{d}/dataset.json'"),
     ("no json", "'{d}' has no dataset.json; valid: a directory written by tools/prepare_data"),
     ("wrong count", "the shards hold 10 examples, num_examples says 11"),
+    ("edited hash", "'{d}/dataset.json': content_hash does not match the shards' hashes; "
+                    "prepare the dataset again"),
     ("no directory", "prepared dataset not found: '{d}'; make one with tools/prepare_data.py")])
 def test_a_broken_prepared_directory_is_one_line_exit_2_before_the_workdir(
         folder_and_prepared, tmp_path, how, message):
