@@ -188,7 +188,8 @@ def test_a_lost_client_fails_the_other_loudly(tmp_path):
         launcher.text()[-3000:]
     # DTensor names client 1 /job:worker/task:1; the line names client 1's log file.
     assert lines[-1].endswith(f"; last lines: {tmp_path / 'run' / 'logs' / 'client_1.log'}")
-    assert "worker 1 exited with code 137" in launcher.text()
+    # The launcher calls each process what it calls itself: client 1 (not "worker 1").
+    assert "[launch] client 1 exited with code 137" in launcher.text(), launcher.text()[-3000:]
 
 
 @pytest.mark.slow  # 2 clients that fail before training, ~30 s with the setup run.

@@ -118,6 +118,7 @@ class _Group:
         # interval, and the lower index would be reported.
         self.exited_at = {}
         self.joined = set()  # Workers that logged startup.WAITING: they reached the cluster.
+        self.names = []  # Each task's name for itself ("worker i", or "client i" on a mesh).
         for i, (argv, env) in enumerate(commands):
             proc = subprocess.Popen(
                 argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
@@ -132,6 +133,7 @@ class _Group:
             client = mesh or any(a.startswith("--mesh") for a in argv)
             name = (cluster_env.task_name(env, mesh=client)
                     or f"{'client' if client else 'worker'} {i}")
+            self.names.append(name)
             pump = threading.Thread(target=self._pump, args=(i, name, proc, out, lock),
                                     daemon=True)
             pump.start()
@@ -154,12 +156,13 @@ class _Group:
                 out.flush()
 
     def never_joined(self):
-        """"; never joined: worker I, ..." when some workers reached the cluster and these
-        did not (a worker stuck or dead before it: what the others wait for), else ""."""
+        """"; never joined: worker I, ..." (or "client I" on a mesh) when some tasks reached
+        the cluster and these did not (stuck or dead before it: what the others wait
+        for), else ""."""
         missing = [i for i in range(len(self.procs)) if i not in self.joined]
         if not self.joined or not missing:
             return ""
-        return "; never joined: " + ", ".join(f"worker {i}" for i in missing)
+        return "; never joined: " + ", ".join(self.names[i] for i in missing)
 
     def signal_all(self, sig):
         for p in self.procs:
@@ -262,7 +265,7 @@ def _supervise(group, stop, grace_s, poll_s):
             # The others learn of the loss through their collectives (peer timeout) or
             # save and exit themselves after a preemption; past grace_s they are killed.
             codes = group.end(grace_s)
-            return _exit_code(code), (f"worker {i} exited with code {_exit_code(code)}; "
+            return _exit_code(code), (f"{group.names[i]} exited with code {_exit_code(code)}; "
                                       f"worker exit codes {codes}{group.never_joined()}")
         if all(c == 0 for c in codes):
             return 0, "ok"
