@@ -108,6 +108,20 @@ def test_a_signal_while_waiting_raises_interrupted_and_restores_the_handlers(sig
     assert signal.getsignal(sig) is before
 
 
+def test_a_preempted_or_interrupted_process_exits_128_plus_sigterm():
+    # Kubernetes, Slurm and the launcher read 143 (128 + SIGTERM) as "stopped after
+    # saving: restart me". In-process here; the slow tier's SIGTERM runs check it end to end.
+    from tf_gan_scale import main
+    from tf_gan_scale.training import callbacks
+    with pytest.raises(SystemExit) as e:
+        with main._cluster_startup():
+            raise startup.Interrupted(signal.SIGTERM)
+    assert e.value.code == 128 + signal.SIGTERM
+    with pytest.raises(SystemExit) as e:
+        callbacks.Preemption(strategy=None, manager=None)._exit()
+    assert e.value.code == 128 + signal.SIGTERM
+
+
 @pytest.mark.parametrize("timeout", [0, -1, "5", None])
 def test_a_bad_timeout_is_one_line(timeout):
     with pytest.raises(errors.ConfigError, match=r"^--startup_timeout_s must be > 0 seconds; "

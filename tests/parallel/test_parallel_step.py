@@ -14,6 +14,7 @@ with the pass off, the framework's setting, equals one device).
 """
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -249,6 +250,20 @@ def test_a_doubled_learning_rate_misses_by_orders_of_magnitude():
     # global batch inside the step itself).
     assert equivalence("batch:1,model:2", "dcgan", "sgd", steps=10,
                        lr_scale=2.0)["max_diff"] > 100 * TOL
+
+
+def test_the_combining_pass_is_off_unless_opted_in(monkeypatch):
+    # The product's side of the test below (which turns the pass on itself): forced off,
+    # also over a user's exported 1; only COMBINE_OPT_IN=1 keeps it on. In-process: the
+    # mesh equivalence runs that would catch it otherwise are all in the slow tier.
+    from tf_gan_scale import parallel
+    monkeypatch.delenv(parallel.COMBINE_OPT_IN, raising=False)
+    monkeypatch.setenv(parallel.COMBINE_VAR, "1")
+    assert parallel.combine_all_reduces() is False
+    assert os.environ[parallel.COMBINE_VAR] == "0"
+    monkeypatch.setenv(parallel.COMBINE_OPT_IN, "1")
+    assert parallel.combine_all_reduces() is True
+    assert os.environ[parallel.COMBINE_VAR] == "1"
 
 
 @pytest.mark.slow
