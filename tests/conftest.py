@@ -117,9 +117,13 @@ def pytest_collection_modifyitems(config, items):
 # are fixtures) and is neither slow nor listed fails, naming the command.
 DEFAULT_TIER_PROCESSES = (
     "integration/test_equivalence.py",   # the one real multi-process equivalence run
-    "helpers/test_warm_start.py",        # the warm-start shim itself (no TensorFlow)
     "test_cli.py::test_train_resume_sample",  # exact resume end to end: 4 warm starts
-)
+    # Processes that import no TensorFlow (~0.1 s each):
+    "helpers/test_warm_start.py",        # the warm-start shim itself
+    "test_layering.py",                  # fresh interpreters: what an import loads
+    "cluster/test_launch_local.py::test_the_worker_that_failed_first_is_reported_though_its_peer",
+    "cluster/test_startup.py::test_the_launcher_names_the_worker_that_never_joined",
+)  # (the launcher with fake workers: tiny scripts that sleep and exit)
 
 
 def _python_argv(args):

@@ -181,8 +181,12 @@ def test_training_noise_is_per_global_row(small):
     whole = run(list(range(8)))
     assert int(synthesis.calls.numpy()) == 6  # One increment per training-mode call.
     halves = np.concatenate([run([0, 1, 2, 3]), run([4, 5, 6, 7])])
-    np.testing.assert_allclose(halves, whole, atol=1e-6)  # What makes N replicas = 1.
-    # The noise is real: another call count, or the same w at another row, differs.
+    # What makes N replicas = 1. Up to float32 rounding of batch-size-dependent conv
+    # kernels: outputs reach ~4, where an ulp is 4.8e-7; measured 2.9e-6 on an AMD EPYC
+    # without AVX-512 (1e-6 held on the CPU it was written on).
+    np.testing.assert_allclose(halves, whole, rtol=1e-5, atol=1e-5)
+    # The noise is real: another call count, or the same w at another row, differs (by
+    # more than 100x the tolerance).
     assert np.abs(run(list(range(8)), count=6) - whole).max() > 1e-3
     same_w = synthesis(tf.tile(ws[:1], [2, 1, 1]), training=True).numpy()
     assert np.abs(same_w[0] - same_w[1]).max() > 1e-3
