@@ -23,6 +23,17 @@ from conftest import run_cmd
 from helpers.mesh_helpers import equivalence
 
 TOL = 1e-5
+# SNGAN's residual networks (spectral norm, 10 SGD steps) round more on some CPUs:
+# measured on an AMD EPYC without AVX-512 (2026-12-06), deterministic run to run: 1.2e-5
+# (2x1, accumulation 4) and 2.2e-5 (2x2, every convolution split), where the machine the
+# numbers above come from stayed under 1e-5. TOL_RESNET = 1e-4 leaves 4.5x headroom; a
+# doubled learning rate misses it by 400x (3.9e-2 on 1x2 WGAN-GP, 4.0e-2 and 4.7e-2 on 2x1
+# with accumulation, after 3 and 10 steps).
+TOL_RESNET = 1e-4
+
+
+def tol(arch):
+    return TOL_RESNET if arch == "resnet" else TOL
 
 
 @pytest.mark.slow  # ~12 s each: two GANs traced, 10 steps on each.
@@ -51,10 +62,11 @@ def test_mesh_equals_one_device(spec, arch, optimizer, d_steps, convs):
     check(out, 10)
 
 
-def check(out, steps):
-    """The mesh run took `steps` steps to the one-device weights and losses."""
+def check(out, steps, arch=None):
+    """The mesh run took `steps` steps to the one-device weights (within tol(arch)) and
+    losses."""
     assert out["step"] == steps
-    assert out["max_diff"] < TOL, out
+    assert out["max_diff"] < tol(arch), out
     np.testing.assert_allclose(*out["d_loss"], rtol=1e-5)
     np.testing.assert_allclose(*out["g_loss"], rtol=1e-5)
 
@@ -80,7 +92,7 @@ def test_residual_models_on_a_mesh_equal_one_device(spec, arch, convs, split_con
     if arch == "biggan" and convs:  # G's shared embedding and cBN stay whole (KEEP_WHOLE).
         assert not any("shared" in p or "conditional_batch" in p for p in out["split"]), out
         assert sum(p.startswith("discriminator/") and "dense" in p for p in out["split"]) == 2
-    check(out, 10)
+    check(out, 10, arch)
 
 
 # StyleGAN2 (mapping, modulated convolutions, per-row noise, FIR resampling, toRGB skips;
@@ -141,10 +153,10 @@ REGULARIZED_CASES = [  # (mesh, arch, convs, config.train settings)
                          ids=lambda c: c if isinstance(c, str) else None)
 def test_regularized_steps_on_a_mesh_equal_one_device(spec, arch, convs, train):
     out = equivalence(spec, arch, "sgd", steps=10, convs=convs, train=train)
-    check(out, 10)
+    check(out, 10, arch)
     for name, (ref, mesh) in out["state"].items():  # Counts and p: equal, not close.
         np.testing.assert_allclose(mesh, ref, rtol=0 if "ada" in name else 1e-5,
-                                   atol=0 if "ada" in name else TOL, err_msg=name)
+                                   atol=0 if "ada" in name else tol(arch), err_msg=name)
     if train == ADA:  # p moved every step (the controller ran), as on one device.
         assert abs(out["state"]["ada_p"][0] - 0.5) > 0.1, out["state"]
 
@@ -156,7 +168,7 @@ def test_a_doubled_learning_rate_misses_the_regularized_cases(spec, arch, convs,
     # The control of the cases above (WGAN-GP; LeCam on the conditional BigGAN): the same
     # settings, 3 steps, the mesh's gradients doubled (as a 2x learning rate).
     out = equivalence(spec, arch, "sgd", steps=3, convs=convs, train=train, lr_scale=2.0)
-    assert out["max_diff"] > 100 * TOL, out
+    assert out["max_diff"] > 100 * tol(arch), out
 
 
 @pytest.mark.slow  # ~15-60 s each.
@@ -212,10 +224,12 @@ def test_a_doubled_learning_rate_misses_the_stylegan2_phases():
 # alone, which grows quickly in 16-bit activations. The measure is relative: |w_mesh -
 # w_ref| / |w_ref - w_start| over trainable weights (1 = off by the whole update). Measured
 # after 2 SGD steps of SNGAN: bf16 4.8e-2 on 2x1, 4.6e-2 on 1x2 (every conv split);
-# float16 2.9e-2 on 1x2 (float32: 1e-6). REL_16 = 0.1 is twice the largest; a doubled
-# learning rate misses by 7x (0.71 in bf16, 0.68 in float32): a 16-bit run on a mesh is
+# float16 2.9e-2 on 1x2 (float32: 1e-6). On an AMD EPYC without AVX-512 (2026-12-06;
+# bfloat16 emulated differently, deterministic run to run): bf16 0.103 on 2x1, 8.6e-2 on
+# 1x2. REL_16 = 0.15 is 1.5x the largest; a doubled learning rate misses by 4.7-5.2x
+# (0.71 and 0.79 in bf16 on the two machines, 0.68 in float32): a 16-bit run on a mesh is
 # checked to its rounding, not to float32's orders of magnitude.
-REL_16 = 0.1
+REL_16 = 0.15
 MIXED_CASES = [("batch:2,model:1", "mixed_bfloat16"), ("batch:1,model:2", "mixed_bfloat16"),
                ("batch:1,model:2", "mixed_float16")]
 
@@ -233,7 +247,7 @@ def test_mixed_precision_on_a_mesh_equals_one_device_to_its_rounding(spec, preci
 def test_a_doubled_learning_rate_in_bfloat16_misses_the_rounding_tolerance():
     out = equivalence("batch:2,model:1", "resnet", "sgd", steps=2, lr_scale=2.0,
                       train=(("precision", "mixed_bfloat16"),))
-    assert out["relative_diff"] > 5 * REL_16, out  # Measured 0.71.
+    assert out["relative_diff"] > 4 * REL_16, out  # Measured 0.71 and 0.79.
 
 
 @pytest.mark.slow
@@ -480,7 +494,7 @@ def four_device_runs():
 @pytest.mark.parametrize("case", FOUR_DEVICE_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_four_device_meshes_equal_one_device(four_device_runs, case):
     out = four_device_runs[case]
-    check(out, 10)
+    check(out, 10, case[1])
     assert out["split_convs"] == {"dcgan": 4, "resnet": 14, "biggan": 12}[case[1]] * case[3]
 
 
