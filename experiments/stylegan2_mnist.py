@@ -11,7 +11,7 @@ noise inputs, residual D with minibatch std, lazy R1 and path length as their ow
 style mixing, ADA, the kimg EMA), scaled down to run here: 64 channels everywhere, w and z of
 128, a 2-layer mapping, batch 32 in chunks of 8 (minibatch-std groups of 4), R1 gamma 0.1,
 EMA half-life 2 kimg ramped up at 0.05, float32 throughout. Not an official preset. docs/stylegan2.md
-holds its measured cost and an ADA on/off run's scores (no sample grid is published yet).
+holds its measured cost, an ADA on/off run's scores and a sample grid at 32 kimg.
 """
 
 from tf_gan_scale import configs
