@@ -140,8 +140,9 @@ def pytest_runtest_call(item):
     started, real_init = [], subprocess.Popen.__init__
 
     def init(self, args, *a, **k):
-        if _python_argv(args):
-            started.append(" ".join(map(str, _python_argv(args)[1:4])))
+        argv = _python_argv(args)
+        if argv:
+            started.append(" ".join(map(str, argv[1:4])))
         real_init(self, args, *a, **k)
 
     subprocess.Popen.__init__ = init
