@@ -10,7 +10,9 @@ one-device reference run (`reference`).
 import functools
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 GB = 8
 
@@ -131,30 +133,32 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False, train=(), shards=1):
     return ref, init, batches, {k: float(v) for k, v in out.items()}
 
 
-def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
-                d_steps=1, convs=False, ema=False, train=(), grouped_reference=True):
+def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, d_steps=1, convs=False,
+                ema=False, train=(), grouped_reference=True, control=2.0):
     """Trains one copy on one device (GAN.train_step) and one on the mesh `spec`
     (MeshTrainer) from the same weights and batches; returns the JSON dict above.
-    lr_scale scales the mesh run's learning rates (2.0: what a gradient off by 2 does);
+    control=2.0 then trains the mesh copy again, from the same start (a checkpoint of
+    its `checkpoint_items` taken before the first step: the exact-resume state) with its
+    learning rates doubled (what a gradient off by 2 does to SGD), through the same
+    traced step (the rate is a variable: no retrace, ~free): its gaps are
+    out["control"] = {"max_diff", "relative_diff", "ema_diff"}, each case its own control
+    (control=1.0: the same run again, bit for bit; None: no control run);
     convs=True splits every convolution the model axis divides (the policy's size
     threshold at 0): "split_convs" counts them; ema=True trains an EMA generator too and
     compares its weights ("ema_diff"); train: ((config.train key, value), ...) for both
     runs (a penalty, LeCam, accumulation), or config.model's as "model.<key>". With
     "model.sync_bn_group_size" the reference is one device with the batch shards' row
     groups (grouped_reference=False: full batch statistics, the control)."""
-    import numpy as np
+    import tensorflow as tf
     from tf_gan_scale import training
     from tf_gan_scale.cluster import mesh_spec
     from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
-    from tf_gan_scale.parallel import tensors
     train = tuple(map(tuple, train))
     dims = mesh_spec.parse(spec)
     grouped = dict(train).get("model.sync_bn_group_size") and grouped_reference
-    ref, init, batches, out = reference(arch, optimizer, steps, d_steps, ema, train,
+    ref, init, batches, ref_out = reference(arch, optimizer, steps, d_steps, ema, train,
                                         dims["batch"] if grouped else 1)
     c = config(arch, optimizer, d_steps, ema, train)
-    for opt in (c.train.d_optimizer, c.train.g_optimizer):
-        opt.learning_rate *= lr_scale
     mesh_gan = training.build_gan(c, *data_of(arch))
     pairs = [(ref.generator, mesh_gan.generator), (ref.discriminator, mesh_gan.discriminator)]
     if ema:
@@ -169,8 +173,37 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
         layouts.CONV_SPLIT_MIN_PARAMS = threshold
     split_convs = sum(1 for p, s in plan.items() if "conv" in p and any(s))
     trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
-    for xs in batches:
-        d_loss, g_loss = trainer.train_step([trainer.batch(x, y) for x, y in xs])
+    start = tf.train.Checkpoint(**mesh_gan.checkpoint_items())
+    tmp = tempfile.mkdtemp(prefix="mesh-start-")
+    try:
+        start_path = start.write(os.path.join(tmp, "start"))
+        for xs in batches:
+            d_loss, g_loss = trainer.train_step([trainer.batch(x, y) for x, y in xs])
+        out = measure(ref, mesh_gan, pairs, init)
+        if control:  # The same run, its learning rates scaled (see the docstring).
+            start.read(start_path).assert_consumed()
+            for opt in (mesh_gan.d_optimizer, mesh_gan.g_optimizer):
+                rate = getattr(opt, "inner_optimizer", opt)._learning_rate
+                rate.assign(rate * control)
+            for xs in batches:
+                trainer.train_step([trainer.batch(x, y) for x, y in xs])
+            controlled = measure(ref, mesh_gan, pairs, init)
+            out["control"] = {k: controlled[k]
+                              for k in ("max_diff", "relative_diff", "ema_diff")}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**out, "d_loss": [ref_out["d_loss"], d_loss],
+            "g_loss": [ref_out["g_loss"], g_loss], "split_convs": split_convs,
+            "split": sorted(p for p, s in plan.items() if any(s))}
+
+
+def measure(ref, mesh_gan, pairs, init):
+    """The mesh GAN's gaps to the one-device reference (equivalence's dict: max_diff,
+    ema_diff, relative_diff, state, step). pairs: [(reference net, mesh net)] of G, D
+    (and the EMA G); init: the nets' weights before training."""
+    import numpy as np
+    from tf_gan_scale.parallel import tensors
+
     def gap(a_net, b_net):
         return max(float(np.abs(a.numpy().astype(np.float64)
                                 - tensors.gather(b).astype(np.float64)).max())
@@ -194,12 +227,10 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, lr_scale=1.0,
                     np.asarray(tensors.gather(mesh_gan.step_state()[name])).tolist()]
              for name, v in ref.step_state().items()}
     diff = max(gap(a, b) for a, b in pairs[:2])
-    ema_diff = gap(*pairs[2]) if ema else None
-    return {"max_diff": diff, "d_loss": [out["d_loss"], d_loss],
+    ema_diff = gap(*pairs[2]) if len(pairs) > 2 else None
+    return {"max_diff": diff, "ema_diff": ema_diff, "state": state,
             "relative_diff": max(relative(a, b, w0) for (a, b), w0 in zip(pairs[:2], init)),
-            "g_loss": [out["g_loss"], g_loss], "step": trainer.step,
-            "split_convs": split_convs, "ema_diff": ema_diff, "state": state,
-            "split": sorted(p for p, s in plan.items() if any(s))}
+            "step": int(tensors.gather(mesh_gan.g_optimizer.iterations))}
 
 
 if __name__ == "__main__":
