@@ -211,23 +211,10 @@ def test_gradient_cleaning_refuses_loss_scaling():
     training.validate(config, num_replicas=8)
 
 
-@pytest.mark.slow  # Two more models traced (~50 CPU-s).
-def test_resume_is_exact(trained, one_device, tmp_path):
-    """2 steps, a checkpoint, a fresh model restored from it, 2 more steps: every
-    variable (G, D, the EMA, both optimizers, p and its statistic, pl_mean, w_avg,
-    the noise counters) equals the uninterrupted 4-step run's, bit for bit."""
-    model, source, _, _ = trained
-    first, _ = make(one_device)
-    fit(first, source, one_device, 2)
-    path = tf.train.Checkpoint(**first.checkpoint_items()).write(str(tmp_path / "ckpt"))
-    resumed, _ = make(one_device)
-    tf.train.Checkpoint(**resumed.checkpoint_items()).read(path).assert_consumed()
-    fit(resumed, source, one_device, 2, start=2)
-    want, got = state(model), state(resumed)
-    assert want.keys() == got.keys()
-    assert {"ada_p/000", "ada_stats/000", "pl_mean/000"} <= set(got)
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+# Exact resume (every variable: G, D, the EMA, both optimizers, p and its statistic,
+# pl_mean, w_avg, the noise counters, bit for bit) is tested end to end, through a SIGTERM
+# and the binary: tests/integration/test_fault_tolerance.py's [stylegan2] case (issue 22
+# removed the in-process copy of that check here, ~70 CPU-s).
 
 
 # ---- settings ----------------------------------------------------------------------------
