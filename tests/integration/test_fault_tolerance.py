@@ -249,6 +249,7 @@ def test_sigterm_to_a_single_process_run_saves_and_resumes(tmp_path, family):
         pl_mean = [v for k, v in final.items() if "pl_mean" in k.lower()]
         assert ada_p and max(float(v) for v in ada_p) > 0, sorted(final)[:40]
         assert pl_mean and all(np.all(v != 0) for v in pl_mean), sorted(final)[:40]
+        assert any("ada_stats" in k for k in final), sorted(final)[:40]  # Compared too.
 
 
 @pytest.fixture(scope="module")
