@@ -10,7 +10,6 @@ one-device reference run (`reference`).
 import functools
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -173,25 +172,28 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, d_steps=1, convs=
         layouts.CONV_SPLIT_MIN_PARAMS = threshold
     split_convs = sum(1 for p, s in plan.items() if "conv" in p and any(s))
     trainer = step_lib.MeshTrainer(mesh_gan, mesh_lib.make(dims, "CPU"), plan)
-    start = tf.train.Checkpoint(**mesh_gan.checkpoint_items())
-    tmp = tempfile.mkdtemp(prefix="mesh-start-")
-    try:
-        start_path = start.write(os.path.join(tmp, "start"))
+
+    def train():
+        """The batches through the mesh step; the last step's (d_loss, g_loss)."""
         for xs in batches:
-            d_loss, g_loss = trainer.train_step([trainer.batch(x, y) for x, y in xs])
-        out = measure(ref, mesh_gan, pairs, init)
-        if control:  # The same run, its learning rates scaled (see the docstring).
+            losses = trainer.train_step([trainer.batch(x, y) for x, y in xs])
+        return losses
+
+    with tempfile.TemporaryDirectory(prefix="mesh-start-") as tmp:
+        if control:  # The start, before the first step (see the docstring).
+            start = tf.train.Checkpoint(**mesh_gan.checkpoint_items())
+            start_path = start.write(os.path.join(tmp, "start"))
+        d_loss, g_loss = train()
+        out = {**measure(ref, mesh_gan, pairs, init), "step": trainer.step}
+        if control:  # The same run, its learning rates scaled.
             start.read(start_path).assert_consumed()
             for opt in (mesh_gan.d_optimizer, mesh_gan.g_optimizer):
                 rate = getattr(opt, "inner_optimizer", opt)._learning_rate
                 rate.assign(rate * control)
-            for xs in batches:
-                trainer.train_step([trainer.batch(x, y) for x, y in xs])
+            train()
             controlled = measure(ref, mesh_gan, pairs, init)
             out["control"] = {k: controlled[k]
                               for k in ("max_diff", "relative_diff", "ema_diff")}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return {**out, "d_loss": [ref_out["d_loss"], d_loss],
             "g_loss": [ref_out["g_loss"], g_loss], "split_convs": split_convs,
             "split": sorted(p for p, s in plan.items() if any(s))}
@@ -199,7 +201,7 @@ def equivalence(spec, arch="dcgan", optimizer="sgd", steps=10, d_steps=1, convs=
 
 def measure(ref, mesh_gan, pairs, init):
     """The mesh GAN's gaps to the one-device reference (equivalence's dict: max_diff,
-    ema_diff, relative_diff, state, step). pairs: [(reference net, mesh net)] of G, D
+    ema_diff, relative_diff, state). pairs: [(reference net, mesh net)] of G, D
     (and the EMA G); init: the nets' weights before training."""
     import numpy as np
     from tf_gan_scale.parallel import tensors
@@ -229,8 +231,7 @@ def measure(ref, mesh_gan, pairs, init):
     diff = max(gap(a, b) for a, b in pairs[:2])
     ema_diff = gap(*pairs[2]) if len(pairs) > 2 else None
     return {"max_diff": diff, "ema_diff": ema_diff, "state": state,
-            "relative_diff": max(relative(a, b, w0) for (a, b), w0 in zip(pairs[:2], init)),
-            "step": int(tensors.gather(mesh_gan.g_optimizer.iterations))}
+            "relative_diff": max(relative(a, b, w0) for (a, b), w0 in zip(pairs[:2], init))}
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def tol(arch):
 ])
 def test_mesh_equals_one_device(spec, arch, optimizer, d_steps, convs):
     out = equivalence(spec, arch, optimizer, steps=10, d_steps=d_steps, convs=convs)
-    assert out["split_convs"] == (4 if convs else 0)
+    check_split(out, arch, convs)
     check(out, 10)
 
 
