@@ -16,6 +16,7 @@ compares the files of different topologies.
 
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,7 +30,10 @@ flags.DEFINE_string("out", None, "Output .npz (written by the chief).")
 flags.DEFINE_list("cases", None, "Cases to run (default: all).")
 flags.DEFINE_integer("steps", 3, "Generator steps per case.")
 flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads (0: default).")
-flags.DEFINE_bool("scale_error", False, "Inject a bug: losses divided by the LOCAL batch.")
+flags.DEFINE_list("scale_error_cases", [], "Cases run a second time with a bug injected: "
+                  "every loss share doubled (what dividing by the LOCAL batch does on 2 "
+                  "replicas), restarted from the case's first state through the same traced "
+                  "step; written as scale_error/CASE/...")
 FLAGS = flags.FLAGS
 
 GLOBAL_BATCH = 16
@@ -132,7 +136,6 @@ def load_source(name):
     if name == "digits":
         return data.load("embedded:digits")
     if name == "digits_arrayrecord":  # Digits as uint8 (0..16 -> 0..240), prepared here.
-        import tempfile
         from tf_gan_scale.data import prepared
         digits = data.load("embedded:digits").arrays
         pixels = np.round((digits["x"] + 1.0) * 8.0 * 15.0).astype(np.uint8)
@@ -210,6 +213,20 @@ def rows_match_per_worker_input(strategy):
     return total
 
 
+def case_arrays(model, prefix):
+    """{PREFIX/NET/INDEX: array} of every variable of G, D and the EMA generator, and
+    {PREFIX/STATE: array} of the step's own state (GAN.step_state)."""
+    import numpy as np
+    out = {f"{prefix}/{k}": np.asarray(v.numpy()) for k, v in model.step_state().items()}
+    nets = {"generator": model.generator, "discriminator": model.discriminator}
+    if model.ema is not None:
+        nets["ema_generator"] = model.ema.model
+    for label, net in nets.items():
+        for i, v in enumerate(net.weights):  # Same creation order on every topology.
+            out[f"{prefix}/{label}/{i:03d}"] = np.asarray(v.numpy())
+    return out
+
+
 def main(argv):
     del argv
     import numpy as np
@@ -221,8 +238,18 @@ def main(argv):
     strategy = distribute.make_strategy(FLAGS.strategy, num_cpu_devices=FLAGS.num_cpu_devices)
     from tf_gan_scale import data, replica
     from tf_gan_scale import training
-    if FLAGS.scale_error:
-        replica.global_mean = lambda per_example, global_batch: tf.reduce_mean(per_example)
+    # The injected 2x gradient-scale bug, switched at run time (a variable the traced step
+    # reads), so a case's control reuses its trace: x 1.0 is exact, so the honest run
+    # is the same computation, bit for bit, as without the switch.
+    error_scale = None
+    if FLAGS.scale_error_cases:
+        error_scale = tf.Variable(1.0, trainable=False, name="error_scale")
+        honest_mean = replica.global_mean
+
+        def doubled_mean(per_example, global_batch):
+            share = honest_mean(per_example, global_batch)
+            return share * tf.cast(error_scale, share.dtype)
+        replica.global_mean = doubled_mean
     out = {"rows": rows_match_pipeline(strategy),
            "rows_per_worker_input": rows_match_per_worker_input(strategy),
            "num_replicas": np.array(strategy.num_replicas_in_sync)}
@@ -239,19 +266,23 @@ def main(argv):
         if multi_worker:
             model.make_train_function()
             out[f"collectives/{name}"] = np.array(count_collectives(model, dataset, strategy))
-        history = model.fit(dataset, epochs=steps[0] if steps else FLAGS.steps,
-                            steps_per_epoch=1, verbose=0).history
+        epochs = steps[0] if steps else FLAGS.steps
+        control = name in FLAGS.scale_error_cases
+        if control:  # The case's first state (weights, optimizers, step, step state).
+            start = tf.train.Checkpoint(**model.checkpoint_items())
+            start_path = start.write(os.path.join(tempfile.mkdtemp(), "start"))
+        history = model.fit(dataset, epochs=epochs, steps_per_epoch=1, verbose=0).history
         for tag in ("d_loss", "g_loss"):
             out[f"{name}/{tag}"] = np.array(history[tag])
-        nets = {"generator": model.generator, "discriminator": model.discriminator}
-        if model.ema is not None:
-            nets["ema_generator"] = model.ema.model
-        for state in ("lecam_anchors", "ada_p", "ada_stats", "pl_mean"):
-            if getattr(model, state, None) is not None:
-                out[f"{name}/{state}"] = np.asarray(getattr(model, state).numpy())
-        for label, net in nets.items():
-            for i, v in enumerate(net.weights):  # Same creation order on every topology.
-                out[f"{name}/{label}/{i:03d}"] = np.asarray(v.numpy())
+        out.update(case_arrays(model, name))
+        if control:  # Same batches from the same state, the bug switched on.
+            start.read(start_path).assert_consumed()
+            error_scale.assign(2.0)
+            model.fit(data.distribute(data.input_fn(source, global_batch_size=GLOBAL_BATCH,
+                                                    seed=0), strategy),
+                      epochs=epochs, steps_per_epoch=1, verbose=0)
+            error_scale.assign(1.0)
+            out.update(case_arrays(model, "scale_error/" + name))
     if distribute.is_chief(strategy):
         np.savez(FLAGS.out, **out)
 

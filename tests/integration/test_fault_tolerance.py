@@ -212,11 +212,19 @@ def test_kill_during_a_save_leaves_a_restorable_latest_checkpoint(tmp_path):
                            checkpoint_arrays(straight_run(tmp_path, 15, "--strategy=one_device")))
 
 
-@pytest.mark.parametrize("family", ["dcgan", "stylegan2"])
+# The DCGAN on 2 mirrored replicas; StyleGAN2 on one device (issue 22: its 2-replica
+# traces cost ~60 CPU-s of three runs; what a resume must bring back of its state is the
+# same on one device, and the replicas' sums are compared by the DCGAN here and by
+# test_equivalence.py's stylegan2 case).
+SIGTERM_CASES = {"dcgan": (ARGS, ["--strategy=mirrored", "--num_cpu_devices=2"]),
+                 "stylegan2": (SG2_ARGS, ["--strategy=one_device"])}
+
+
+@pytest.mark.parametrize("family", sorted(SIGTERM_CASES))
 def test_sigterm_to_a_single_process_run_saves_and_resumes(tmp_path, family):
-    model_args = ARGS if family == "dcgan" else SG2_ARGS
+    model_args, strategy = SIGTERM_CASES[family]
     workdir = tmp_path / "run"
-    args = [f"--workdir={workdir}", "--strategy=mirrored", "--num_cpu_devices=2", *model_args,
+    args = [f"--workdir={workdir}", *strategy, *model_args,
             "--config.train.num_steps=60", "--config.train.checkpoint_every=1000"]
     log = open(tmp_path / "log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "tf_gan_scale.main", *args], cwd=REPO,
@@ -240,8 +248,7 @@ def test_sigterm_to_a_single_process_run_saves_and_resumes(tmp_path, family):
                    env=NO_GCE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"ckpt-{step} at step {step} of {step + 5}" in proc.stderr
-    reference = straight_run(tmp_path, step + 5, "--strategy=mirrored", "--num_cpu_devices=2",
-                             args=model_args)
+    reference = straight_run(tmp_path, step + 5, *strategy, args=model_args)
     final = checkpoint_arrays(reference)
     assert_same_checkpoint(checkpoint_arrays(workdir), final)
     if family == "stylegan2":  # The state the comparison covers really moved.
