@@ -10,8 +10,9 @@ batches; the chief writes {CASE/VARIABLE: array} for every variable of G and D (
 moving statistics, dropout counters), {CASE/d_loss, CASE/g_loss: per-step global losses},
 `rows` ([replica-batches whose replica.global_rows differ from the rows the input
 pipeline really hands the replica, replica-batches checked], over all workers) and `collectives/CASE` (collective all-reduce ops per replica in the traced step;
-multi-worker only, where all-reduces are collective ops). tests/integration/test_equivalence.py
-compares the files of different topologies.
+multi-worker only, where all-reduces are collective ops) and, for --scale_error_cases,
+{scale_error/CASE/VARIABLE: array}: the case rerun with a 2x gradient-scale bug.
+tests/integration/test_equivalence.py compares the files of different topologies.
 """
 
 import os
@@ -31,9 +32,9 @@ flags.DEFINE_list("cases", None, "Cases to run (default: all).")
 flags.DEFINE_integer("steps", 3, "Generator steps per case.")
 flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads (0: default).")
 flags.DEFINE_list("scale_error_cases", [], "Cases run a second time with a bug injected: "
-                  "every loss share doubled (what dividing by the LOCAL batch does on 2 "
-                  "replicas), restarted from the case's first state through the same traced "
-                  "step; written as scale_error/CASE/...")
+                  "every replica.global_mean share doubled (what dividing by the LOCAL "
+                  "batch does on 2 replicas), restarted from the case's first state "
+                  "through the same traced step; written as scale_error/CASE/...")
 FLAGS = flags.FLAGS
 
 GLOBAL_BATCH = 16
