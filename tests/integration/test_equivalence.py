@@ -67,10 +67,11 @@ DEFAULT_RUNS = ["one_device", "workers2x2"]  # "workers2x2": tools/launch_local.
 MIRRORED4_CASES = [c for c in SGD_CASES
                    if c not in ("arrayrecord", "wgan_gp", "r1", "stabilizers", "packed")]
 # The scale-error controls ride on mirrored4: sgd and stylegan2 rerun from their first
-# state through the same traced step with every replica.global_mean share doubled (a 2x gradient
-# scale: what dividing by the LOCAL batch does on 2 replicas). Issue 22: they were a run
-# of their own (2 replicas, ~55 CPU-s, StyleGAN2 traced again); the restart costs
-# steps only, and with the scale left at 1 equals the first run bit for bit (measured).
+# state through the same traced step with every replica.global_mean share doubled (a 2x
+# gradient scale: what dividing by the LOCAL batch does on 2 replicas). Until issue 22
+# they were a run of their own (2 replicas, ~55 CPU-s, StyleGAN2 traced again); the
+# restart costs steps only, and with the scale left at 1 equals the first run bit for
+# bit (measured).
 SCALE_ERROR_CASES = ["sgd", "stylegan2"]
 SLOW_RUNS = {  # name: flags of tests/helpers/equivalence_run.py
     "mirrored4": ["--strategy=mirrored", "--num_cpu_devices=4",
