@@ -120,19 +120,14 @@ def test_the_conditional_biggan_on_a_batch_split_mesh_equals_one_device():
 # lazy-phase cases below run the unconditional model on both meshes, the phases on top
 # of the same main updates.
 @pytest.mark.slow  # ~25 s.
-@pytest.mark.parametrize("spec, arch, convs, split", [
-    ("batch:1,model:2", "stylegan2_cond", True, 22)])
-def test_stylegan2_on_a_mesh_equals_one_device(spec, arch, convs, split):
-    out = equivalence(spec, arch, "sgd", steps=10, convs=convs)
-    assert len(out["split"]) == split, out["split"]
-    if arch == "stylegan2_cond":
-        assert {"generator/mapping/embed/kernel",
-                "discriminator/mapping/embed/kernel"} <= set(out["split"]), out["split"]
-    if split:
-        assert {"generator/synthesis/b8_conv0/kernel", "generator/mapping/fc0/kernel",
-                "discriminator/b8_conv1/kernel", "discriminator/b4_fc/kernel"} <= set(
-                    out["split"]), out["split"]
-        assert not any("affine" in p or "torgb" in p for p in out["split"]), out["split"]
+def test_the_conditional_stylegan2_with_every_convolution_split_equals_one_device():
+    out = equivalence("batch:1,model:2", "stylegan2_cond", "sgd", steps=10, convs=True)
+    split = set(out["split"])
+    assert len(split) == 22, out["split"]
+    assert {"generator/mapping/embed/kernel", "discriminator/mapping/embed/kernel"} <= split
+    assert {"generator/synthesis/b8_conv0/kernel", "generator/mapping/fc0/kernel",
+            "discriminator/b8_conv1/kernel", "discriminator/b4_fc/kernel"} <= split, split
+    assert not any("affine" in p or "torgb" in p for p in split), split
     check(out, 10)
 
 
