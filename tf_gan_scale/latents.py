@@ -88,12 +88,42 @@ def key(seed, step, phase):
     return _mix(tf.bitwise.bitwise_xor(k[0], _mix(k[1])))
 
 
-def _row_bits(k, rows, size):
-    """Random int64 [len(rows), size]: row i is the stream of global row rows[i] of key k."""
+def stream_bits(keys, rows, size):
+    """Random int64 [*keys.shape, len(rows), size]: entry [..., i, j] is element j of the
+    stream of global row rows[i] of key keys[...], the bits `rows_uniform` and
+    `rows_normal` of that key turn into values.
+
+    keys may hold many keys (any shape): the draws of several keys, e.g. one per
+    transform of an augmentation pipeline, then cost one vectorized computation instead of
+    one per key (each costs ~20 graph ops per `_mix`: tracing and launching them dominated
+    StyleGAN2-ADA's step). Element j of a row does not depend on `size`, so a draw of
+    fewer elements is the leading columns of a larger one.
+    """
+    keys = tf.cast(keys, tf.int64)
     rows = tf.cast(tf.convert_to_tensor(rows), tf.int64)
-    stream = _mix(k + rows * _GOLDEN)  # [R]: one independent stream per example.
+    stream = _mix(keys[..., None] + rows * _GOLDEN)  # [..., R]: one stream per example.
     j = tf.range(1, tf.cast(size, tf.int64) + 1, dtype=tf.int64) * _GOLDEN  # [size]
-    return _mix(stream[:, None] + j[None, :])
+    return _mix(stream[..., None] + j)
+
+
+def uniform_of_bits(bits):
+    """Uniform [0, 1) float32 of `stream_bits` (same shape): the top 24 bits, exact in
+    float32, at most 1 - 2^-24."""
+    return tf.cast(_shr(bits, 40), tf.float32) * (2.0 ** -24)
+
+
+def normal_of_bits(bits, truncation=None):
+    """Standard normal float32 of `stream_bits` (same shape): the inverse normal CDF of a
+    uniform strictly inside (0, 1) made of the top 52 bits, computed in float64 (|z| is at
+    most 8.3). truncation: see `rows_normal`."""
+    # (2 bits + 1) / 2^53 is exact in float64 and lies in [2^-53, 1 - 2^-53]; with 53 bits,
+    # bits + 0.5 would round up to 2^53 for the largest value, and ndtri(1) is inf.
+    u = (tf.cast(_shr(bits, 12), tf.float64) * 2.0 + 1.0) * (2.0 ** -53)
+    if truncation:
+        # Phi(-t) = erfc(t / sqrt 2) / 2 (accurate in the tail).
+        low = 0.5 * tf.math.erfc(tf.constant(float(truncation) / np.sqrt(2.0), tf.float64))
+        u = low + u * (1.0 - 2.0 * low)  # Phi(t) = 1 - Phi(-t).
+    return tf.cast(tf.math.ndtri(u), tf.float32)
 
 
 def _shape(rows, shape):
@@ -104,15 +134,12 @@ def rows_uniform(k, rows, shape):
     """Uniform [0, 1) noise [len(rows), *shape] (float32) for the global rows `rows` of key
     `k` (24 random bits per value: exact in float32, at most 1 - 2^-24)."""
     size = int(np.prod(shape, dtype=np.int64))
-    bits = _shr(_row_bits(k, rows, size), 40)  # Top 24 bits.
-    u = tf.cast(bits, tf.float32) * (2.0 ** -24)
-    return tf.reshape(u, _shape(rows, shape))
+    return tf.reshape(uniform_of_bits(stream_bits(k, rows, size)), _shape(rows, shape))
 
 
 def rows_normal(k, rows, shape, truncation=None):
     """Standard normal noise [len(rows), *shape] (float32) for the global rows `rows`:
-    the inverse normal CDF of a uniform strictly inside (0, 1), computed in float64 (|z| is
-    at most 8.3).
+    `normal_of_bits` of their streams.
 
     truncation: optional float t > 0, the truncation trick (Brock et al. 2018): a normal
     truncated to [-t, t], by mapping the same uniform into (Phi(-t), Phi(t)) before the
@@ -120,15 +147,8 @@ def rows_normal(k, rows, shape, truncation=None):
     untruncated one (sample i keeps its identity, pulled towards the mode).
     """
     size = int(np.prod(shape, dtype=np.int64))
-    bits = _shr(_row_bits(k, rows, size), 12)  # Top 52 bits.
-    # (2 bits + 1) / 2^53 is exact in float64 and lies in [2^-53, 1 - 2^-53]; with 53 bits,
-    # bits + 0.5 would round up to 2^53 for the largest value, and ndtri(1) is inf.
-    u = (tf.cast(bits, tf.float64) * 2.0 + 1.0) * (2.0 ** -53)
-    if truncation:
-        # Phi(-t) = erfc(t / sqrt 2) / 2 (accurate in the tail).
-        low = 0.5 * tf.math.erfc(tf.constant(float(truncation) / np.sqrt(2.0), tf.float64))
-        u = low + u * (1.0 - 2.0 * low)  # Phi(t) = 1 - Phi(-t).
-    return tf.reshape(tf.cast(tf.math.ndtri(u), tf.float32), _shape(rows, shape))
+    return tf.reshape(normal_of_bits(stream_bits(k, rows, size), truncation),
+                      _shape(rows, shape))
 
 
 def rows_labels(k, rows, num_classes):
@@ -212,8 +232,9 @@ _SUBKEY = _i64(0xD1B54A32D192ED03)  # An arbitrary odd constant: salts sub-strea
 
 
 def subkey(k, i):
-    """Key (int64 scalar) of sub-stream `i` (int >= 0) of key `k`: independent draws from
-    one (seed, step, phase) key, e.g. one per transform of `augment.augment`.
+    """Key (int64, the broadcast shape of k and i) of sub-stream `i` (int >= 0) of key `k`:
+    independent draws from one (seed, step, phase) key, e.g. one per transform of
+    `augment.augment`. Elementwise: subkey(k, [i, j]) = [subkey(k, i), subkey(k, j)].
 
     subkey(k, i) = mix(k xor mix(i * golden + salt)), a fold-in like `key`'s last step:
     distinct i give unrelated keys, and row r of a sub-key (`rows_uniform(subkey(k, i),

@@ -321,6 +321,27 @@ def test_parameter_distributions():
         assert len(counts) == k and np.all(np.abs(counts / n - 1 / k) < tol), name
 
 
+def test_draws_are_each_streams_own_key_bit_for_bit():
+    """draw() takes its 26 keys' draws in one vectorized computation; each value must be
+    the module docstring's per-key draw: rows_uniform / rows_normal of
+    subkey(subkey(key, STREAMS[name]), GATE or PARAM), element j of the row."""
+    rows = tf.constant([0, 7, 3, 1_000_003, 2 ** 33, 12], tf.int64)
+    draws = ada._Draws(K, rows)
+    for name, s in ada.STREAMS.items():
+        stream = latents.subkey(K, s)
+        gate, param = latents.subkey(stream, ada.GATE), latents.subkey(stream, ada.PARAM)
+        np.testing.assert_array_equal(draws.gate_uniform(name),
+                                      latents.rows_uniform(gate, rows, []), err_msg=name)
+        np.testing.assert_array_equal(draws.uniform(name, 2),
+                                      latents.rows_uniform(param, rows, [2]), err_msg=name)
+        np.testing.assert_array_equal(draws.uniform(name),
+                                      latents.rows_uniform(param, rows, []), err_msg=name)
+        np.testing.assert_array_equal(draws.normal(name, 2),
+                                      latents.rows_normal(param, rows, [2]), err_msg=name)
+        np.testing.assert_array_equal(draws.normal(name),
+                                      latents.rows_normal(param, rows, []), err_msg=name)
+
+
 def test_unchanged_rows_are_exactly_the_identity_draws():
     """At p = 0.15 a row comes out unchanged iff every drawn parameter is the identity
     (xint counting as identity when both shifts round to 0 pixels): the gates reach the

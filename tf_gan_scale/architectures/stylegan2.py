@@ -38,7 +38,8 @@ import tensorflow as tf
 from tf_gan_scale import errors, latents
 from tf_gan_scale.layers.stylegan import (EqualizedConv2D, EqualizedDense, MinibatchStd,
                                           SynthesisLayer, ToRGB, check_mbstd, conv_clamp_value,
-                                          layer_noise, normalize_2nd_moment, upsample2d)
+                                          layer_noise, noise_key, normalize_2nd_moment,
+                                          upsample2d)
 from tf_gan_scale.precision import OUTPUT
 
 
@@ -170,8 +171,8 @@ class SynthesisNetwork(keras.layers.Layer):
     """SynthesisNetwork (architecture 'skip'): ws [B, num_ws, w_dim] -> image
     [B, R, R, img_channels] float32.
 
-    Noise: training=True draws each conv's noise per example (`layer_noise` with this
-    layer's seed, the incremented call counter `calls` and the rows
+    Noise: training=True draws each conv's noise per example (`layer_noise` of the key
+    `noise_key(seed, calls)`: this layer's seed, the incremented call counter; the rows
     `latents.current_rows(B)`); training=False uses each conv's constant buffer.
     `calls` is a checkpointed int64 non-trainable weight (aggregation only_first_replica:
     replicas run in lockstep), so a resumed run continues the same noise sequence.
@@ -230,7 +231,8 @@ class SynthesisNetwork(keras.layers.Layer):
         if training:
             count = self.calls.assign_add(1)
             rows = latents.current_rows(b)
-            noise_of = lambda j, res: layer_noise(self.seed, count, j, rows, res)  # noqa
+            call_key = noise_key(self.seed, count)
+            noise_of = lambda j, res: layer_noise(call_key, j, rows, res)  # noqa: E731
         # expand_dims, not const[None]: on a DTensor mesh a new-axis slice that does not
         # name every dimension (t[None], t[:, None]) crashes layout propagation (SIGSEGV).
         x = tf.tile(tf.expand_dims(tf.cast(self.const, self.compute_dtype), 0), [b, 1, 1, 1])

@@ -526,10 +526,17 @@ class MinibatchStd(keras.layers.Layer):
 
 
 # Used by the synthesis network to draw noise; exported for tests and the step code.
-def layer_noise(seed, calls, layer_index, rows, resolution):
-    """Training-mode noise of conv `layer_index` for the global `rows` (int [B]) in call
-    `calls` of the synthesis network: [B, res, res, 1] standard normal, from
-    key = subkey(key(seed, calls, STYLE_NOISE_PHASE), layer_index), row r of it. Depends
-    only on (seed, calls, layer, global row): the same on one device and on N replicas."""
-    k = latents.subkey(latents.key(seed, calls, latents.STYLE_NOISE_PHASE), layer_index)
+def noise_key(seed, calls):
+    """Key (int64 scalar) of the noise of call `calls` of a synthesis network with seed
+    `seed`: latents.key(seed, calls, STYLE_NOISE_PHASE). One per call, shared by its
+    layers (a key costs ~150 graph ops: not one per layer)."""
+    return latents.key(seed, calls, latents.STYLE_NOISE_PHASE)
+
+
+def layer_noise(call_key, layer_index, rows, resolution):
+    """Training-mode noise of conv `layer_index` for the global `rows` (int [B]) in the
+    synthesis call of `call_key` (`noise_key`): [B, res, res, 1] standard normal, row r of
+    key subkey(call_key, layer_index). Depends only on (seed, calls, layer, global row):
+    the same on one device and on N replicas."""
+    k = latents.subkey(call_key, layer_index)
     return latents.rows_normal(k, rows, [resolution, resolution, 1])
