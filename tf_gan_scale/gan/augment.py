@@ -15,7 +15,7 @@ data-efficient-gans, DiffAugment_tf.py), on NHWC images in [-1, 1]:
 
 What differs is where the randomness comes from: every draw is per example, from
 `latents.rows_uniform(latents.subkey(k, stream), rows, [n])` with one stream per
-transform (`STREAMS`). The augmentation of example r is a function of (k, r) only, so one
+transform (`STREAMS`; all of a policy's streams drawn at once, `uniforms`). The augmentation of example r is a function of (k, r) only, so one
 device and N replicas holding the same global rows compute the same images, and a resumed
 run repeats them (no stateful generator). The official code draws real and fake batches
 independently: give them different keys, or distinct rows (fake rows offset by the global
@@ -59,9 +59,21 @@ def check_policy(policy):
     return names
 
 
-def uniform(k, rows, stream, n):
-    """The uniform draws [len(rows), n] in [0, 1) of sub-stream `stream` of key k."""
-    return latents.rows_uniform(latents.subkey(k, stream), rows, [n])
+# The streams each transform draws from (occurrence j adds STREAM_STRIDE * j).
+TRANSFORM_STREAMS = {"color": ("brightness", "saturation", "contrast"),
+                     "translation": ("translation",), "cutout": ("cutout",)}
+
+
+def uniforms(k, rows, streams):
+    """{stream: float32 [B, 2]}: the uniforms in [0, 1) of sub-streams `streams` (ints) of
+    key k, each equal to latents.rows_uniform(latents.subkey(k, stream), rows, [2]) (a
+    draw of 1 is column 0), all from one vectorized computation: one key at a time cost
+    ~80 graph ops each (latents.stream_bits)."""
+    ids = sorted(set(streams))
+    keys = latents.subkey(k, tf.constant(ids, tf.int64))  # [S]
+    # Rows leading, as a per-key draw lays them out.
+    u = latents.uniform_of_bits(tf.transpose(latents.stream_bits(keys, rows, 2), [1, 0, 2]))
+    return {stream: u[:, i] for i, stream in enumerate(ids)}
 
 
 def _randint(u, n):
@@ -76,10 +88,10 @@ def _static_size(x):
     return int(h), int(w)
 
 
-def translation_shifts(k, rows, height, width, stream=STREAMS["translation"]):
+def translation_shifts(u, height, width):
     """Per-example integer shifts (dh, dw), each int32 [B] in [-s, s] with
-    s = int(size * TRANSLATION_RATIO + 0.5) (the official rounding)."""
-    u = uniform(k, rows, stream, 2)
+    s = int(size * TRANSLATION_RATIO + 0.5) (the official rounding), from the uniforms
+    u [B, 2] of a translation stream."""
     out = []
     for j, size in enumerate((height, width)):
         s = int(size * TRANSLATION_RATIO + 0.5)
@@ -87,10 +99,10 @@ def translation_shifts(k, rows, height, width, stream=STREAMS["translation"]):
     return tuple(out)
 
 
-def cutout_offsets(k, rows, height, width, stream=STREAMS["cutout"]):
+def cutout_offsets(u, height, width):
     """Per-example cutout centres (oh, ow), each int32 [B] in [0, size + (1 - cut % 2)),
-    and the cutout size (ch, cw) (Python ints, int(size * CUTOUT_RATIO + 0.5))."""
-    u = uniform(k, rows, stream, 2)
+    and the cutout size (ch, cw) (Python ints, int(size * CUTOUT_RATIO + 0.5)), from the
+    uniforms u [B, 2] of a cutout stream."""
     offsets, sizes = [], []
     for j, size in enumerate((height, width)):
         cut = int(size * CUTOUT_RATIO + 0.5)
@@ -99,10 +111,12 @@ def cutout_offsets(k, rows, height, width, stream=STREAMS["cutout"]):
     return tuple(offsets), tuple(sizes)
 
 
-def _color(x, k, rows, j):
+# Transforms: (images, u) -> images; u(name) is the uniforms [B, 2] of the transform's
+# stream `name` (of TRANSFORM_STREAMS) for this occurrence.
+
+def _color(x, u):
     def draw(name):
-        u = uniform(k, rows, STREAMS[name] + STREAM_STRIDE * j, 1)
-        return tf.reshape(tf.cast(u, x.dtype), [-1, 1, 1, 1])
+        return tf.reshape(tf.cast(u(name)[:, 0], x.dtype), [-1, 1, 1, 1])
 
     x = x + (draw("brightness") - 0.5)
     mean = tf.reduce_mean(x, axis=3, keepdims=True)
@@ -121,15 +135,15 @@ def _shift_axis(x, shift, axis, size):
     return out * mask
 
 
-def _translation(x, k, rows, j):
+def _translation(x, u):
     h, w = _static_size(x)
-    dh, dw = translation_shifts(k, rows, h, w, STREAMS["translation"] + STREAM_STRIDE * j)
+    dh, dw = translation_shifts(u("translation"), h, w)
     return _shift_axis(_shift_axis(x, dh, 1, h), dw, 2, w)
 
 
-def _cutout(x, k, rows, j):
+def _cutout(x, u):
     h, w = _static_size(x)
-    (oh, ow), (ch, cw) = cutout_offsets(k, rows, h, w, STREAMS["cutout"] + STREAM_STRIDE * j)
+    (oh, ow), (ch, cw) = cutout_offsets(u("cutout"), h, w)
 
     def inside(offset, cut, size):  # [B, size]: the square's rows (or columns).
         start = offset[:, None] - cut // 2
@@ -165,9 +179,12 @@ def augment(x, policy, k, rows):
         return x
     k = tf.cast(k, tf.int64)
     rows = tf.cast(tf.convert_to_tensor(rows), tf.int64)
-    seen = {}
-    for name in names:
-        j = seen.get(name, 0)
-        seen[name] = j + 1
-        x = _TRANSFORMS[name](x, k, rows, j)
+    occurrences, seen = [], {}
+    for name in names:  # Occurrence j of a transform: its streams + STREAM_STRIDE * j.
+        occurrences.append((name, STREAM_STRIDE * seen.get(name, 0)))
+        seen[name] = seen.get(name, 0) + 1
+    u = uniforms(k, rows, [STREAMS[s] + offset for name, offset in occurrences
+                           for s in TRANSFORM_STREAMS[name]])
+    for name, offset in occurrences:
+        x = _TRANSFORMS[name](x, lambda s, offset=offset: u[STREAMS[s] + offset])
     return x
