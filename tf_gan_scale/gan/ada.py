@@ -159,7 +159,7 @@ class _Draws:
     draws the module docstring specifies, bit for bit (rows_uniform and rows_normal of
     latents.subkey(latents.subkey(key, STREAMS[name]), part)): latents' draws are
     elementwise in the keys, and a row's element j does not depend on how many elements
-    are drawn. Drawn one key at a time they were ~60% of the ops of a StyleGAN2-ADA step.
+    are drawn. Drawn one key at a time they were ~40% of the ops of a StyleGAN2-ADA step.
     """
 
     def __init__(self, key, rows):

@@ -15,12 +15,13 @@ data-efficient-gans, DiffAugment_tf.py), on NHWC images in [-1, 1]:
 
 What differs is where the randomness comes from: every draw is per example, from
 `latents.rows_uniform(latents.subkey(k, stream), rows, [n])` with one stream per
-transform (`STREAMS`; all of a policy's streams drawn at once, `uniforms`). The augmentation of example r is a function of (k, r) only, so one
-device and N replicas holding the same global rows compute the same images, and a resumed
-run repeats them (no stateful generator). The official code draws real and fake batches
-independently: give them different keys, or distinct rows (fake rows offset by the global
-batch), else real i and fake i get the same transform. Integer draws are floor(u * n) of such a
-uniform (u has 24 bits, so u * n stays below n in float32; clamped to n - 1 anyway).
+transform (`STREAMS`; a policy's streams are drawn at once, `uniforms`). The augmentation
+of example r is a function of (k, r) only, so one device and N replicas holding the same
+global rows compute the same images, and a resumed run repeats them (no stateful
+generator). The official code draws real and fake batches independently: give them
+different keys, or distinct rows (fake rows offset by the global batch), else real i and
+fake i get the same transform. Integer draws are floor(u * n) of such a uniform (u has 24
+bits, so u * n stays below n in float32; clamped to n - 1 anyway).
 """
 
 import tensorflow as tf
