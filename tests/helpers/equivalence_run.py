@@ -255,6 +255,8 @@ def main(argv):
            "rows_per_worker_input": rows_match_per_worker_input(strategy),
            "num_replicas": np.array(strategy.num_replicas_in_sync)}
     multi_worker = FLAGS.strategy == "multi_worker_mirrored"
+    scratch_dir = tempfile.TemporaryDirectory(prefix="equivalence-start-")  # Controls' starts.
+    scratch = scratch_dir.name
     for name, (overrides, source_name, *steps) in cases().items():
         if FLAGS.cases and name not in FLAGS.cases:
             continue
@@ -262,8 +264,11 @@ def main(argv):
         source = load_source(source_name)
         with strategy.scope():
             model = training.build_gan(config, source.shape, source.num_classes)
-        dataset = data.distribute(
-            data.input_fn(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
+
+        def batches():  # The case's global batches, from the first.
+            return data.distribute(
+                data.input_fn(source, global_batch_size=GLOBAL_BATCH, seed=0), strategy)
+        dataset = batches()
         if multi_worker:
             model.make_train_function()
             out[f"collectives/{name}"] = np.array(count_collectives(model, dataset, strategy))
@@ -271,7 +276,7 @@ def main(argv):
         control = name in FLAGS.scale_error_cases
         if control:  # The case's first state (weights, optimizers, step, step state).
             start = tf.train.Checkpoint(**model.checkpoint_items())
-            start_path = start.write(os.path.join(tempfile.mkdtemp(), "start"))
+            start_path = start.write(os.path.join(scratch, "start"))
         history = model.fit(dataset, epochs=epochs, steps_per_epoch=1, verbose=0).history
         for tag in ("d_loss", "g_loss"):
             out[f"{name}/{tag}"] = np.array(history[tag])
@@ -279,11 +284,10 @@ def main(argv):
         if control:  # Same batches from the same state, the bug switched on.
             start.read(start_path).assert_consumed()
             error_scale.assign(2.0)
-            model.fit(data.distribute(data.input_fn(source, global_batch_size=GLOBAL_BATCH,
-                                                    seed=0), strategy),
-                      epochs=epochs, steps_per_epoch=1, verbose=0)
+            model.fit(batches(), epochs=epochs, steps_per_epoch=1, verbose=0)
             error_scale.assign(1.0)
             out.update(case_arrays(model, "scale_error/" + name))
+    scratch_dir.cleanup()
     if distribute.is_chief(strategy):
         np.savez(FLAGS.out, **out)
 
