@@ -8,6 +8,7 @@ other replica counts run in subprocesses (the real binary).
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import io
 import os
 import shutil
@@ -218,6 +219,18 @@ def tiny_run(tmp_path_factory, worker_id):
             assert proc.returncode == 0, proc.stderr[-3000:]
             done.write_text("")  # Only a finished run is shared.
     return workdir
+
+
+def tree_digest(root):
+    """{relative path: sha256} of every file under root: a workdir's state, to show that
+    a command left it exactly as it was."""
+    digest = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                digest[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return digest
 
 
 def copy_run(run, dest):

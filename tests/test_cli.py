@@ -1,7 +1,6 @@
 """The training binary and tools/sample.py end to end, as subprocesses."""
 
 import glob
-import hashlib
 import json
 import os
 import re
@@ -11,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from helpers.mw_helpers import Launcher, scalars
-from conftest import TINY, TINY_RUN_STEPS, copy_run, run_cmd, run_cmds, run_in_process
+from conftest import (TINY, TINY_RUN_STEPS, copy_run, run_cmd, run_cmds, run_in_process,
+                      tree_digest)
 
 
 def train(workdir, *extra, steps):
@@ -88,16 +88,6 @@ def test_train_resume_sample(tiny_run, tmp_path):
     assert tree_digest(straight) == before
 
 
-def tree_digest(root):
-    digest = {}
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                digest[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return digest
-
-
 # Bad input of the binary: (args, the message its one error line holds). IN_PROCESS
 # cases fail before any device or strategy is set up (flags, config, data path, model),
 # so they run in this process (conftest.run_in_process: no process start each) under
@@ -115,7 +105,11 @@ IN_PROCESS = [
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
     (["--config.model.name=stylegan"],
      "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet, stylegan2"),
-    (["--config.model.latent_dim=7"], "does not match this config's model"),
+    (["--config.model.latent_dim=7"], "holds checkpoints trained with another config "
+                                      "(model.latent_dim: 16 -> 7); valid:"),
+    (["--config.model.latent_dim=7", "--allow_changes=model.latent_dim"],
+     "does not match this config's model"),
+    (["--allow_changes=seeed"], "--allow_changes names seeed, not keys of this config"),
     (["--collective=mpi"], "unknown collective 'mpi'; valid: auto, nccl, ring"),
     (["--cluster_resolver=k8s"], "unknown cluster resolver 'k8s'; valid: slurm, tf_config"),
     (["--config.train.steps_per_execution=3"],

@@ -63,3 +63,9 @@ class UnevenBatchError(ConfigError):
     """A batch did not split evenly over the replicas: each replica would divide its
     losses by a wrong global batch size. Raised before the step when the replicas of one
     worker disagree, else right after it, before any callback (nothing of it is saved)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint just written cannot be read back (a full disk, a short write on
+    shared storage): training stops before the checkpoint is recorded as the latest or
+    older ones are removed. Binaries print one line and exit with status 1."""

@@ -19,13 +19,22 @@ this process's devices, or of every process of a cluster that DTENSOR_JOBS, TF_C
 Slurm job step describes (one DTensor client each); it excludes the tf.distribute flags. Checkpoints are the same
 either way: a run resumes on the other.
 
-Re-running the same command on the same workdir resumes from the latest checkpoint.
+Re-running the same command on the same workdir resumes from the latest checkpoint. A
+resume whose config changes the math of those checkpoints (model, seed, loss, optimizers,
+batch, data, precision, ...) is refused naming each key and both values, unless
+--allow_changes names it: then run.json records the change as a new segment
+(training/record.py); run length and cadences change freely. While another run uses the
+workdir, a run exits 2 with one line naming it (training/run_lock.py).
 Bad input exits with status 2 and one line on stderr. SIGTERM saves a checkpoint (on every
 worker, at one step) and exits 143; a lost multi-worker peer exits 1 with one line naming it,
 and other unavailable/aborted/deadline errors (storage, input) exit 1 with
 `error: ErrorType: first line`. A NaN or inf global loss or gradient stops the run with
 exit 1 and one line naming the step and the network; the latest checkpoint stays the last
-good one. A cluster (workers or DTensor clients) that does not form within
+good one. A latest checkpoint that cannot be read (truncated, missing, corrupt files) is
+passed over for the newest readable one with one warning line, its files kept in
+checkpoints/damaged/; none readable exits 2; a checkpoint that does not read back right
+after its save exits 1 with one line (training/checkpoints.py). A cluster (workers or
+DTensor clients) that does not form within
 --startup_timeout_s exits 1 with one line naming the tasks that did not connect; SIGTERM or
 SIGINT while waiting for it exits 143 at once. Either way nothing is written.
 In a cluster each task's log lines start with its name ("[worker 1] ", "[client 1] ") and,
@@ -76,6 +85,9 @@ flags.DEFINE_string("placement", None, "g:I,d:J: G on device I, D on device J of
                     "process; or stages:K[,recompute:1]: G and D each in K pipeline stages "
                     "on devices 0..K-1, GPipe schedule (micro-batches: "
                     "config.train.accumulation_steps); overrides config.parallel.placement.")
+flags.DEFINE_list("allow_changes", [], "On resume: config keys whose new value is intended "
+                  "although it changes the math of the checkpoints (e.g. seed,train.d_"
+                  "optimizer.learning_rate; 'all': every key); recorded in run.json.")
 FLAGS = flags.FLAGS
 
 # Flags of the tf.distribute path: meaningless on a mesh, so given with one they are an error.
@@ -130,7 +142,8 @@ def _run(config, spec):
             mesh_lib.initialize(FLAGS.num_cpu_devices, FLAGS.startup_timeout_s)
         from tf_gan_scale.training import mesh_runner  # Keras models: after DTensor starts.
         _train(lambda: mesh_runner.run(config, FLAGS.workdir, dims,
-                                    tfds_data_dir=FLAGS.tfds_data_dir), mesh_lib.cluster())
+                                    tfds_data_dir=FLAGS.tfds_data_dir,
+                                    allowed_changes=FLAGS.allow_changes), mesh_lib.cluster())
         return
     if place:  # G and D on two devices of this process, under no strategy.
         from tf_gan_scale.parallel import placement  # Keras models: after flags are read.
@@ -154,7 +167,8 @@ def _run(config, spec):
                 startup_timeout_s=FLAGS.startup_timeout_s)
     from tf_gan_scale import training  # Imports Keras models: after the strategy exists.
     _train(lambda: training.run(config, FLAGS.workdir, strategy,
-                                 tfds_data_dir=FLAGS.tfds_data_dir), strategy)
+                                 tfds_data_dir=FLAGS.tfds_data_dir,
+                                 allowed_changes=FLAGS.allow_changes), strategy)
 
 
 @contextlib.contextmanager
@@ -182,6 +196,9 @@ def _train(train, strategy):
         # A lost peer aborts this worker's collectives with one of these types, but so can
         # storage or the input pipeline: only the former is reported as a lost peer.
         rank_log.error(distribute.abort_message(e, strategy, log_of=rank_log.peer_file))
+        sys.exit(1)
+    except errors.CheckpointError as e:  # A save that does not read back (storage).
+        rank_log.error(e)
         sys.exit(1)
 
 

@@ -30,6 +30,29 @@ def replica_id():
     return ctx.replica_id_in_sync_group
 
 
+def any_worker(strategy, flag):
+    """Whether the host bool `flag` is True on any worker of `strategy`, known on every
+    worker: a decision one task makes (a cache miss, a refusal) that all must follow. One
+    all-reduce across workers; none where this process holds every replica (they share
+    its flag) or under the default strategy. A collective: every worker calls it at the
+    same point."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # The default strategy ("unsupported"): one process.
+        return bool(flag)
+    if len(devices) == strategy.num_replicas_in_sync:
+        return bool(flag)
+    value = tf.constant(float(flag))
+
+    @tf.function(autograph=False)
+    def reduce():
+        # A sum over every replica of every worker: > 0 iff some worker's flag is set.
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, value))
+
+    return float(strategy.experimental_local_results(reduce())[0]) > 0
+
+
 def global_batch_size(per_replica_batch):
     """Global batch from a per-replica batch size (batches are split evenly: drop_remainder)."""
     return per_replica_batch * num_replicas()

@@ -127,9 +127,11 @@ def test_bad_placement_exits_2_before_writing(tmp_path):
 def test_bad_placement_of_the_real_binary_exits_2_before_writing(tmp_path):
     (tmp_path / "keep.txt").write_text("existing run")
     cases = BAD[:2]  # One device (its own process), and one case end to end.
+    # One at a time: two commands on one workdir at once are two runs, and the second
+    # would be refused as such (training/run_lock.py) while the first's input is checked.
     assert_bad_placements(cases, run_cmds([
         ["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *SGD, *flags]
-        for flags, _ in cases]), tmp_path)
+        for flags, _ in cases], workers=1), tmp_path)
 
 
 def test_placement_in_process_equals_one_device():

@@ -128,8 +128,10 @@ def test_bad_mesh_input_exits_2_before_writing(tmp_path):
     marker = tmp_path / "keep.txt"
     marker.write_text("existing run")
     env = {"DTENSOR_JOBS": "localhost:1,localhost:2", "DTENSOR_CLIENT_ID": "2"}
+    # One at a time: two commands on one workdir at once are two runs, and the second
+    # would be refused as such (training/run_lock.py) while the first's input is checked.
     procs = run_cmds([["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *RUN, *flags]
-                      for flags, _ in BAD[:-1]])
+                      for flags, _ in BAD[:-1]], workers=1)
     procs.append(run_cmd(["-m", "tf_gan_scale.main", f"--workdir={tmp_path}", *RUN,
                           *BAD[-1][0]], env=env))
     for (flags, message), proc in zip(BAD, procs):

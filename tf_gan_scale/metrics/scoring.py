@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_gan_scale import errors, latents
+from tf_gan_scale import errors, latents, replica
 from tf_gan_scale import metrics as metrics_lib
 from tf_gan_scale.architectures.calls import call_generator
 from tf_gan_scale.data import pipeline, sources
@@ -274,21 +274,6 @@ def _read_cache(path, extractor):
         return None
 
 
-def _any_replica(strategy, flag):
-    """Whether `flag` (a host bool) is True on any worker: one all-reduce across workers
-    (none on one worker, where every replica shares this process's value)."""
-    if len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync:
-        return bool(flag)
-    value = tf.constant(float(flag))
-
-    @tf.function(autograph=False)
-    def reduce():
-        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, value))
-
-    return float(strategy.experimental_local_results(reduce())[0]) > 0
-
-
 def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=False,
               cache_dir=None, write_cache=True):
     """Statistics of the real data: {"mu" [D], "sigma" [D, D], "num_samples", and with
@@ -300,7 +285,7 @@ def reference(source, extractor, strategy, *, num_samples, batch_size=256, keep=
     # Every worker must take the same branch (computing runs collectives): a worker whose
     # cache it cannot read (another machine's ~/.cache, a file appearing meanwhile) makes
     # all of them recompute. One tiny all-reduce.
-    if _any_replica(strategy, ref is None):
+    if replica.any_worker(strategy, ref is None):
         ref = None
     if ref is not None:
         return ref

@@ -147,7 +147,9 @@ class Checkpoint(Every):
     """Saves a `tf.train.CheckpointManager` every `every` steps and when training ends.
 
     Checkpoints are numbered by step (`ckpt-STEP`); the manager updates its index file
-    only after a save is complete, so an interrupted save never becomes "latest".
+    only after a save is complete, so an interrupted save never becomes "latest"; the
+    runs' manager (checkpoints.Manager) also reads the files back first, and one that
+    does not read back stops the run (errors.CheckpointError) before old ones are removed.
     """
 
     at_end = True

@@ -26,8 +26,8 @@ from tf_gan_scale.gan import StepConfig
 from tf_gan_scale.parallel import layouts
 from tf_gan_scale.parallel import mesh as mesh_lib
 from tf_gan_scale.parallel import step as step_lib
-from tf_gan_scale.training import build, callbacks, prepare
-from tf_gan_scale.training import runner
+from tf_gan_scale.training import build, callbacks, checkpoints, prepare
+from tf_gan_scale.training import run_lock, runner
 
 
 def check_config(config):
@@ -85,7 +85,8 @@ def _chiefs_best(score, mesh, key):
     return agreed
 
 
-def callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, score=None):
+def callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, score=None,
+                  segments=None):
     """training.run's callbacks for this client of a mesh run: the chief's write the workdir
     and record checkpoints; another client's write its shards of the same checkpoints
     (SharedCheckpoints) and refresh G's host copy where the chief's grids do (SyncHost),
@@ -97,28 +98,40 @@ def callbacks_for(config, source, mesh, checkpoint, workdir, start, verbose, sco
         score = _chiefs_best(score, mesh, config.eval.best)
     cbs = runner.callbacks_for(
         config, source, mesh_lib.cluster(), checkpoint, workdir, chief, start, verbose,
-        score, workdir, manager_fn=tf.train.CheckpointManager if chief else SharedCheckpoints)
+        score, workdir, manager_fn=checkpoints.Manager if chief else SharedCheckpoints,
+        segments=segments)
     if not chief:  # The chief's sample grids refresh the host copy of G at these steps.
         cbs.append(SyncHost(config.train.sample_every))
     return cbs
 
 
-def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
+def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto", allowed_changes=()):
     """Trains (or resumes) to config.train.num_steps on a mesh of dims {"batch": B,
-    "model": M} over this process's devices, or every client's (mesh.initialize).
+    "model": M} over this process's devices, or every client's (mesh.initialize). A
+    resume may change the recorded config's math only in `allowed_changes`.
 
     Returns:
         The MeshTrainer after training.
     """
-    t = config.train
     mesh = mesh_lib.make(dims)  # First: a mesh that does not fit the devices.
+    # One run per workdir (run_lock.py), as training.run: client 0 holds it from before
+    # the workdir is read to the end of the run; a collective tells the others.
+    with run_lock.Claim(workdir, chief=mesh_lib.clients()[0] == 0,
+                        agree=lambda refused: mesh_lib.from_chief(mesh, refused) > 0) as claim:
+        return _run(config, workdir, dims, mesh, claim.acquire, tfds_data_dir, verbose,
+                    allowed_changes)
+
+
+def _run(config, workdir, dims, mesh, claim, tfds_data_dir, verbose, allowed_changes):
+    t = config.train
     client, num_clients = mesh_lib.clients()
     chief = client == 0
     # The global batch splits over "batch". Built with no strategy (the default one):
     # nothing is mirrored; restored into plain variables, then moved onto the mesh, so a
     # checkpoint is the same whichever topology wrote it.
     p = prepare.prepare_run(config, workdir, num_replicas=dims[mesh_lib.BATCH],
-                        check=check_config, tfds_data_dir=tfds_data_dir)
+                        check=check_config, tfds_data_dir=tfds_data_dir,
+                        allowed_changes=allowed_changes, claim=claim)
     model, source, start, restored = p.model, p.source, p.start, p.restored
     strategy = tf.distribute.get_strategy()
     low, high = mesh_lib.spread(mesh, start)  # Every client must resume the same run.
@@ -135,7 +148,7 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
     score = None
     if config.get("eval") is not None and config.eval.every > 0:
         score = prepare.make_scorer(config, view, source, strategy, chief=chief)
-    # --- nothing above wrote to the workdir -------------------------------------------
+    # --- nothing above wrote to the workdir (but run.lock, removed at any exit) --------
     rank_log.open_file(workdir)  # In a cluster: logs/<task>.log, from every task.
     split = sum(any(spec) for spec in plan.values())
     logging.info("%s at step %d of %d; mesh batch:%d,model:%d (%s, %d process%s), %d of "
@@ -144,10 +157,13 @@ def run(config, workdir, dims, *, tfds_data_dir=None, verbose="auto"):
                  dims[mesh_lib.BATCH], dims[mesh_lib.MODEL], mesh.device_type(),
                  num_clients, "es" if num_clients > 1 else "", split, len(plan),
                  t.global_batch_size, source.name, source.num_examples)
+    if chief:  # Before any checkpoint manager: damaged files out of its rotation.
+        checkpoints.set_aside(os.path.join(workdir, "checkpoints"), p.damaged, restored)
     if start >= t.num_steps:
         logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
         return trainer
-    cbs = callbacks_for(config, source, mesh, p.checkpoint, workdir, start, verbose, score)
+    cbs = callbacks_for(config, source, mesh, p.checkpoint, workdir, start, verbose, score,
+                        p.segments)
     for cb in cbs:
         cb.set_model(view)
     for cb in cbs:

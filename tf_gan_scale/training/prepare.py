@@ -23,7 +23,7 @@ from tf_gan_scale.gan import ema as ema_lib
 from tf_gan_scale.layers import normalization
 from tf_gan_scale.metrics import extractors, scoring
 from tf_gan_scale.parallel import placement
-from tf_gan_scale.training import build, workdir
+from tf_gan_scale.training import build, checkpoints, record, workdir
 
 
 # Numeric keys and their valid ranges; checked before any data is read or file written.
@@ -185,7 +185,8 @@ class Prepared:
     """A run ready to train: its data source, compiled GAN (restored), the checkpoint of
     its items, the restored checkpoint's path (None for a new run), the step it starts
     at and its input positioned there (a data.input_fn: `data.distribute(input, strategy)`
-    for per-worker batches, `input()` for global ones)."""
+    for per-worker batches, `input()` for global ones), and the segments its record
+    (run.json) is to hold (record.segments_after)."""
 
     source: Any
     model: Any
@@ -193,29 +194,45 @@ class Prepared:
     restored: str
     start: int
     input: Any
+    segments: list
+    # Newer checkpoints that could not be read (checkpoints.Found.damaged): the chief
+    # sets them aside (checkpoints.set_aside) before it writes.
+    damaged: tuple = ()
 
 
 def prepare_run(config, run_dir, *, num_replicas, scope=None, check=None, placement_spec="",
-            tfds_data_dir=None):
+                tfds_data_dir=None, allowed_changes=(), claim=None):
     """Validates `config` (for `num_replicas` replicas over which the global batch splits,
-    then `check(config)`, an engine's own refusals), loads the data, builds the GAN inside
+    then `check(config)`, an engine's own refusals, then against the record of the
+    checkpoints in `run_dir`: a change of the math not in `allowed_changes` is refused,
+    record.check), loads the data, builds the GAN inside
     `scope` (a strategy's scope, or none), restores the latest checkpoint of `run_dir`
     if any and positions the input pipeline at the restored step. Writes nothing.
 
     Every worker (and DTensor client) restores from the shared run_dir: all must start
-    from the same state."""
+    from the same state. `claim()`, if given, runs once the config is valid and before
+    run_dir is read (the runners': run_lock.Claim.acquire, one run per workdir)."""
     t = config.train
     validate(config, num_replicas)
     if check is not None:
         check(config)
+    if claim is not None:  # One run per workdir: before it is read (run_lock.Claim).
+        claim()
     source = data.load(config.data.source, tfds_data_dir=tfds_data_dir)
     data.check_batch_size(source, t.global_batch_size)  # Here: the dataset is built lazily.
+    # After the checks of the input itself (a bad value is named as such), before the
+    # restore: a changed model would fail it with a shape error, a changed seed not at
+    # all; the record names every differing key instead.
+    segments, changes = record.check(config, run_dir, allowed_changes)
     with scope or contextlib.nullcontext():
         model = build.build_gan(config, source.shape, source.num_classes, placement_spec)
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
-    restored = workdir.restore(os.path.join(run_dir, "checkpoints"), checkpoint)
+    found = checkpoints.restore(os.path.join(run_dir, "checkpoints"), checkpoint)
+    restored = found.path
     start = int(model.step.numpy())
     # Data position: each generator step consumed d_steps global batches.
     input_fn = data.input_fn(source, global_batch_size=t.global_batch_size, seed=config.seed,
                              start_batch=start * t.d_steps)
-    return Prepared(source, model, checkpoint, restored, start, input_fn)
+    return Prepared(source, model, checkpoint, restored, start, input_fn,
+                    record.segments_after(segments, config, start, changes),
+                    damaged=found.damaged)

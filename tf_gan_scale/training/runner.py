@@ -17,32 +17,45 @@ from absl import logging
 
 from tf_gan_scale import data, distribute
 from tf_gan_scale.cluster import rank_log
-from tf_gan_scale.training import build, callbacks, prepare
-from tf_gan_scale.training import workdir as workdir_lib
+from tf_gan_scale.training import build, callbacks, checkpoints, prepare, record, run_lock
 
 
-def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
-    """Trains (or resumes) to config.train.num_steps generator steps.
+def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto", allowed_changes=()):
+    """Trains (or resumes) to config.train.num_steps generator steps. A resume may change
+    the recorded config's math only in `allowed_changes` (record.check).
 
     Returns:
         The GAN model after training.
     """
+    # One run per workdir (run_lock.py): the chief holds it from before the workdir is
+    # read to the end of the run, however it ends; the other workers follow its decision.
+    with run_lock.Claim(workdir, chief=distribute.is_chief(strategy),
+                        agree=run_lock.across_workers(strategy)) as claim:
+        return _run(config, workdir, strategy, claim.acquire, tfds_data_dir, verbose,
+                    allowed_changes)
+
+
+def _run(config, workdir, strategy, claim, tfds_data_dir, verbose, allowed_changes):
     t = config.train
     p = prepare.prepare_run(config, workdir, num_replicas=strategy.num_replicas_in_sync,
                         scope=strategy.scope(), placement_spec=build.placement_of(config),
-                        tfds_data_dir=tfds_data_dir)
+                        tfds_data_dir=tfds_data_dir, allowed_changes=allowed_changes,
+                        claim=claim)
     model, source, start = p.model, p.source, p.start
+    checkpoints.agree(strategy, start, workdir)  # Every worker resumes the same step.
     model.steps_per_execution = build.steps_per_execution(config, start)  # Before any step.
     chief = distribute.is_chief(strategy)
     score = None
     if config.get("eval") is not None and config.eval.every > 0:
         score = prepare.make_scorer(config, model, source, strategy, chief=chief)
-    # --- nothing above wrote to the workdir -------------------------------------------
+    # --- nothing above wrote to the workdir (but run.lock, removed at any exit) --------
     rank_log.open_file(workdir)  # In a cluster: logs/<task>.log, from every task.
     logging.info("%s at step %d of %d; %d replicas, global batch %d, data %s (%d examples), "
                  "%d steps per call", f"resumed {p.restored}" if p.restored else "starting",
                  start, t.num_steps, strategy.num_replicas_in_sync, t.global_batch_size,
                  source.name, source.num_examples, model.steps_per_execution)
+    if chief:  # Before any checkpoint manager: damaged files out of its rotation.
+        checkpoints.set_aside(os.path.join(workdir, "checkpoints"), p.damaged, p.restored)
     if start >= t.num_steps:
         logging.info("already at step %d >= num_steps %d; nothing to do", start, t.num_steps)
         return model
@@ -51,7 +64,7 @@ def run(config, workdir, strategy, *, tfds_data_dir=None, verbose="auto"):
     out_dir = workdir if chief else tempfile.mkdtemp(prefix="tf_gan_scale_worker_")
     try:
         _train(model, config, source, p.input, strategy, p.checkpoint, out_dir, chief,
-               start, verbose, score, workdir)
+               start, verbose, score, workdir, p.segments)
     finally:
         if not chief:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -67,9 +80,11 @@ def _first_images(source, num):
 
 
 def callbacks_for(config, source, strategy, checkpoint, out_dir, chief, start, verbose,
-               score=None, workdir=None, manager_fn=tf.train.CheckpointManager):
+               score=None, workdir=None, manager_fn=checkpoints.Manager,
+               segments=None):
     """The run's callbacks: stop, checkpoints, preemption; on the chief samples,
-    TensorBoard and the progress line; scores on every worker.
+    TensorBoard and the progress line; scores on every worker. The chief writes the
+    record (run.json) first, with `segments` (prepare.Prepared's).
 
     strategy: what Preemption reads of the cluster (its `cluster_resolver`, if any).
     manager_fn(checkpoint, directory, max_to_keep): the checkpoint managers' type."""
@@ -81,7 +96,7 @@ def callbacks_for(config, source, strategy, checkpoint, out_dir, chief, start, v
            callbacks.Preemption(strategy, manager)]
     writer = None
     if chief:
-        workdir_lib.write_run(out_dir, config, source.shape, source)
+        record.write(out_dir, config, source.shape, source, segments=segments)
         writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
         reference = None
         if source.arrays is not None and len(source.shape) == 1 and source.shape[0] == 2:
@@ -106,10 +121,10 @@ def callbacks_for(config, source, strategy, checkpoint, out_dir, chief, start, v
 
 
 def _train(model, config, source, input_fn, strategy, checkpoint, out_dir, chief, start,
-           verbose, score=None, workdir=None):
+           verbose, score=None, workdir=None, segments=None):
     t = config.train
     cbs = callbacks_for(config, source, strategy, checkpoint, out_dir, chief, start, verbose,
-                     score, workdir)
+                     score, workdir, segments=segments)
     per_epoch = t.log_every
     first_epoch = start // per_epoch
     last_epoch = math.ceil(t.num_steps / per_epoch)
