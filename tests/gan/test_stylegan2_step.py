@@ -131,22 +131,23 @@ def test_path_length_gradient_is_the_official_non_detached_one(one_device):
         captured["grads"] = grads
         return [tf.constant(0.0)] * len(riders), tf.constant(True), 0.0, False
 
-    gan_step._phase_update = capture
+    gan_step.phases.update = capture
     step = tf.constant(0, tf.int64)
-    out = gan_step.g_reg(batch, step)
+    out = gan_step.phases.g_reg(batch, step)
     assert int(out[NONFINITE]) == 0
     for c, value in zip(counters, start):  # The same noise draws again.
         c.assign(value)
     c = gan_step.config
-    rows = gan_step.pl_rows(GB)
+    rows = gan_step.phases.pl_rows(GB)
     z = latents.rows_normal(latents.key(gan_step.seed, step, latents.PL_PHASE), rows,
                             [gan_step.latent_dim])
     variables = model.generator.trainable_variables
     with tf.GradientTape() as tape:
-        ws, _ = gan_step.styles(z, tf.zeros_like(rows, tf.int32), rows, step, latents.PL_PHASE)
+        ws, _ = gan_step.inputs.styles(z, tf.zeros_like(rows, tf.int32), rows, step,
+                                       latents.PL_PHASE)
         with tf.GradientTape() as inner:
             inner.watch(ws)
-            img = gan_step.synthesize(ws, rows)
+            img = gan_step.inputs.synthesize(ws, rows)
             noise = latents.rows_normal(latents.key(gan_step.seed, step, latents.PL_PHASE + 1),
                                         rows, list(img.shape[1:])) / math.sqrt(16 * 16)
             total = tf.reduce_sum(img * noise)
@@ -158,7 +159,7 @@ def test_path_length_gradient_is_the_official_non_detached_one(one_device):
     diffs = [np.abs(a.numpy() - b.numpy()).max() / (np.abs(b.numpy()).max() + 1e-12)
              for a, b in zip(captured["grads"], want) if b is not None]
     assert diffs and max(diffs) < 1e-5, max(diffs)
-    del gan_step._phase_update
+    del gan_step.phases.update
 
 
 def test_float16_blocks_train_with_clean_gradients(one_device, monkeypatch):

@@ -195,7 +195,7 @@ def test_a_2x_gradient_scale_error_fails_by_orders_of_magnitude(runs):
            for case in SCALE_ERROR_CASES}
     assert gap["sgd"] >= 1e3 * TOL and gap["sgd"] >= 5 * BF16_TOL, gap
     # StyleGAN2: the doubled share reaches Dmain, Gmain and Dreg (Greg divides its
-    # path-length surrogate by its own global count, GanStep.g_reg, which the honest
+    # path-length surrogate by its own global count, LazyPhases.g_reg, which the honest
     # comparisons check): the weights still move far outside the tolerance.
     assert gap["stylegan2"] >= 1e3 * TOL, gap
 

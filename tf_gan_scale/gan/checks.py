@@ -8,6 +8,10 @@ import tensorflow as tf
 from tf_gan_scale.architectures.calls import is_conditional
 
 UNEVEN_TAG = "tf_gan_scale: uneven batch split"  # Marks the pre-step assertion's message.
+# A step's (and a lazy phase's) output: which in-step check failed (0: none), under key
+# NONFINITE. Defined here, below every step module, and offered as `gan.step.NONFINITE`.
+NONFINITE = "nonfinite"
+NONFINITE_D, NONFINITE_G, UNEVEN = 1, 2, 3
 
 
 def assert_even_split(strategy, batches):

@@ -3,14 +3,16 @@
 Each penalty has the signature
     penalty(discriminator, *, real, fake, noise) -> [B]
 where `real`/`fake` are this replica's batches [B, ...] and `noise` is uniform [B] in [0, 1)
-drawn from `latents` (so interpolation points are the same on 1 or N replicas). The
-trainer multiplies the result by `penalty_weight` and adds it to the D loss before the
-single global reduction.
+drawn from `latents` (so interpolation points are the same on 1 or N replicas).
+`UpdatePenalty` is the one a main D update carries: it multiplies the result by
+`penalty_weight` (and runs it every `penalty_every`-th D update, times that) and the step
+adds it to the D loss before the single global reduction. StyleGAN2's lazy R1 runs as its
+own update instead (lazy_phases.py).
 """
 
 import tensorflow as tf
 
-from tf_gan_scale import errors
+from tf_gan_scale import errors, latents
 
 # Keeps sqrt differentiable where the input gradient is exactly zero (e.g. a dead ReLU
 # critic): d sqrt(x)/dx is infinite at 0 and would turn the penalty gradient into NaN.
@@ -55,3 +57,54 @@ def get(name):
     if name is None or callable(name):
         return name
     return errors.choose("penalty", name, PENALTIES)
+
+
+class UpdatePenalty:
+    """The penalty a main D update of a GAN step carries (`GanStep.d_grads`).
+
+    Args:
+        config: a validated `StepConfig` (penalty, penalty_weight, penalty_every,
+            d_steps are read here).
+        seed: the run's seed (the penalty noise is keyed by it).
+        discriminate: (x, labels, training) -> D's logits [B] (`StepInputs.discriminate`).
+    """
+
+    def __init__(self, *, config, seed, discriminate):
+        self.config, self.seed, self.discriminate = config, seed, discriminate
+        self.fn = get(config.penalty)  # None for "none".
+
+    def due(self, step, k):
+        """Whether D update k of step `step` carries a lazy penalty (penalty_every = e:
+        every e-th D update, counted over all steps): a bool tensor for a step tensor, a
+        Python bool for a Python int."""
+        update = step * self.config.d_steps + k
+        return update % self.config.penalty_every == 0
+
+    def __call__(self, real, fake, labels, rows, step, k, due=None):
+        """penalty_weight x the per-example penalty [B] on what D saw; with
+        penalty_every = e > 1 only in every e-th D update, times e (lazy regularization).
+        A conditional D is evaluated with the real labels. `due`: None (decided in the
+        graph, a cond on the step) or the Python bool `due` gave the caller for this
+        update (an engine that cannot run the cond: a DTensor mesh has no layout
+        propagation for its OptionalFromValue)."""
+        c = self.config
+        noise = latents.rows_uniform(
+            latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows, [])
+
+        def discriminator(x, training=True):
+            return self.discriminate(x, labels, training=training)
+
+        def compute(weight):
+            return weight * self.fn(discriminator, real=real, fake=fake, noise=noise)
+
+        e = c.penalty_every
+        if e == 1:
+            return compute(float(c.penalty_weight))
+        if isinstance(due, bool):  # Decided by the caller: one traced step for each.
+            return compute(float(c.penalty_weight) * e) if due else tf.zeros(
+                tf.shape(real)[:1])
+        # The D update number is the same on every replica, so every replica takes the
+        # same branch (D has no batch norm: no collective inside).
+        return tf.cond(self.due(tf.cast(step, tf.int64), k),
+                       lambda: compute(float(c.penalty_weight) * e),
+                       lambda: tf.zeros(tf.shape(real)[:1]))
