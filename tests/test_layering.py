@@ -20,13 +20,15 @@ TIERS = [
     ["tf_gan_scale.replica", "tf_gan_scale.latents", "tf_gan_scale.precision",
      "tf_gan_scale.images", "tf_gan_scale.schedules", "tf_gan_scale.perf",
      "tf_gan_scale.keras_files"],
+    # configs: the default config, of data's tier (it names the default source); the
+    # run record compares a config with its defaults (training/record.py).
     ["tf_gan_scale.layers", "tf_gan_scale.architectures", "tf_gan_scale.data",
-     "tf_gan_scale.metrics"],
+     "tf_gan_scale.metrics", "tf_gan_scale.configs"],
     ["tf_gan_scale.gan"],
     ["tf_gan_scale.distribute", "tf_gan_scale.parallel"],
     ["tf_gan_scale.training"],
     ["tf_gan_scale.artifacts"],
-    ["tf_gan_scale.configs", "tf_gan_scale.main", "tf_gan_scale"],
+    ["tf_gan_scale.main", "tf_gan_scale"],
 ]
 # Imports of these inside a function need a comment saying why.
 HEAVY = ("tf_gan_scale", "tensorflow", "keras", "tensorflow_datasets", "matplotlib",

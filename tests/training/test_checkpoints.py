@@ -162,6 +162,8 @@ def test_no_readable_checkpoint_refuses_and_changes_nothing(tiny_run, tmp_path):
     assert files(run) == before
 
 
+@pytest.mark.slow  # Traces and trains 5 steps (~14 CPU-s); the default tier checks the
+# manager itself (test_a_short_save_is_neither_recorded_nor_rotates).
 def test_a_save_that_does_not_read_back_stops_the_run(tiny_run, tmp_path, monkeypatch):
     # The write of ckpt-15 ends short (as on a full disk): the run stops with one line
     # before ckpt-15 is recorded, and the rotation (keep 1) removes nothing.
@@ -193,3 +195,35 @@ def test_save_check_passes_intact_checkpoints(tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-3")
     with pytest.raises(errors.CheckpointError, match="ckpt-4.index: missing"):
         checkpoints.check_written(str(tmp_path / "ckpt-4"))
+
+
+def test_a_short_save_is_neither_recorded_nor_rotates(tmp_path, monkeypatch):
+    v = tf.Variable(tf.range(1000, dtype=tf.float32))
+    manager = checkpoints.Manager(tf.train.Checkpoint(v=v), str(tmp_path), max_to_keep=1)
+    manager.save(checkpoint_number=1)
+    check = checkpoints.check_written
+
+    def short_write(path):  # As on a full disk.
+        data = f"{path}.data-00000-of-00001"
+        os.truncate(data, os.path.getsize(data) - 100)
+        check(path)
+
+    monkeypatch.setattr(checkpoints, "check_written", short_write)
+    with pytest.raises(errors.CheckpointError, match=r"ckpt-2 was written but cannot be "
+                       r"read back \(ckpt-2\.data-00000-of-00001: "):
+        manager.save(checkpoint_number=2)
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-1")
+    assert os.path.exists(tmp_path / "ckpt-1.index")  # Not rotated out by keep=1.
+
+
+def test_setting_aside_rewrites_the_state_file_before_any_save(tiny_run, tmp_path):
+    # Nothing to train (num_steps 5 <= the restored step): no save hides the state file.
+    run = copy_run(tiny_run, tmp_path / "run")
+    ckpt_dir = run / "checkpoints"
+    break_checkpoint(ckpt_dir, "truncated")
+    proc = resume(run, "--config.train.num_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(ckpt_dir / "damaged")) == sorted([DATA, INDEX])
+    assert tf.train.latest_checkpoint(str(ckpt_dir)) == str(ckpt_dir / "ckpt-5")
+    state = tf.train.get_checkpoint_state(str(ckpt_dir))
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-5"]

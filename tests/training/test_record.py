@@ -30,6 +30,15 @@ def _trained(c, workdir, step=4):
     return p
 
 
+def _save(prepared, config, workdir, step):
+    """A checkpoint of `prepared`'s model at `step` and the record, as a run saves them."""
+    prepared.model.step.assign(step)
+    tf.train.CheckpointManager(prepared.checkpoint, os.path.join(workdir, "checkpoints"),
+                               5).save(checkpoint_number=step)
+    record.write(workdir, config, prepared.source.shape, prepared.source,
+                 segments=prepared.segments)
+
+
 def test_math_keys_are_refused_with_both_values_and_free_keys_pass():
     old = record.as_json(_toy())
     new = _toy()
@@ -76,16 +85,64 @@ def test_free_changes_and_allowed_ones_start_a_segment_at_the_resumed_step(tmp_p
     p = prepare.prepare_run(c, str(tmp_path), num_replicas=1,
                             allowed_changes=["train.g_optimizer.learning_rate"])
     assert p.segments[1]["changed"]["train.g_optimizer.learning_rate"] == [1e-4, 3e-4]
-    # The same config again adds nothing.
-    record.write(str(tmp_path), c, p.source.shape, p.source, segments=p.segments)
+    # Trained on under it to a checkpoint at 6: the same config again adds nothing, and
+    # tools read each checkpoint with the config that trained it.
+    _save(p, c, str(tmp_path), 6)
     again = prepare.prepare_run(c, str(tmp_path), num_replicas=1)
     assert again.segments == p.segments
     assert record.load(str(tmp_path))[0].train.g_optimizer.learning_rate == 3e-4
+    assert record.load(str(tmp_path), 4)[0].train.g_optimizer.learning_rate == 1e-4
+    assert record.load(str(tmp_path), 6)[0].train.g_optimizer.learning_rate == 3e-4
+
+
+def test_a_fallback_past_a_segment_is_checked_against_the_config_that_trained_it(tmp_path):
+    # Seed 0 to 4 and 8; resumed at 8 under seed 9 (allowed) to 12; then 8 and 12 are
+    # damaged: the resume falls back to 4, which seed 0 trained. Seed 9 is a change
+    # there, seed 0 is not, and the record drops the segment whose steps are retrained.
+    c = _toy()
+    p = _trained(c, str(tmp_path), step=4)
+    _save(p, c, str(tmp_path), 8)
+    c.seed = 9
+    p = prepare.prepare_run(c, str(tmp_path), num_replicas=1, allowed_changes=["seed"])
+    _save(p, c, str(tmp_path), 12)
+    for step in (8, 12):
+        with open(tmp_path / "checkpoints" / f"ckpt-{step}.data-00000-of-00001", "r+b") as f:
+            f.truncate(8)
+    with pytest.raises(errors.ConfigError, match="seed: 0 -> 9"):
+        prepare.prepare_run(c, str(tmp_path), num_replicas=1)
+    c.seed = 0
+    p = prepare.prepare_run(c, str(tmp_path), num_replicas=1)
+    assert p.start == 4 and [(s["step"], s["config"]["seed"]) for s in p.segments] == [(0, 0)]
+
+
+def test_a_segment_that_trained_nothing_is_replaced(tmp_path):
+    c = _toy()
+    _trained(c, str(tmp_path), step=4)
+    c.seed = 9  # Resumed at 4 under seed 9, stopped before its first checkpoint...
+    p = prepare.prepare_run(c, str(tmp_path), num_replicas=1, allowed_changes=["seed"])
+    record.write(str(tmp_path), c, p.source.shape, p.source, segments=p.segments)
+    c.seed = 7  # ...then resumed at 4 again under seed 7: compared with seed 0's.
+    with pytest.raises(errors.ConfigError, match="seed: 0 -> 7"):
+        prepare.prepare_run(c, str(tmp_path), num_replicas=1)
+    p = prepare.prepare_run(c, str(tmp_path), num_replicas=1, allowed_changes=["seed"])
+    assert [(s["step"], s["config"]["seed"]) for s in p.segments] == [(0, 0), (4, 7)]
+
+
+def test_a_key_only_one_config_has_is_a_change_unless_it_is_the_default():
+    old = record.as_json(_toy())
+    new = _toy()
+    new.train.g_optimizer.beta_1 = 0.5  # An experiment file's own key: changes the math.
+    assert record.changes(old, record.as_json(new)) == {
+        "train.g_optimizer.beta_1": (record.ABSENT, 0.5)}
+    del old["train"]["lecam_weight"]  # A key a newer version added, at its default: none.
+    assert "train.lecam_weight" not in record.changes(old, record.as_json(_toy()))
+    old["train"]["lecam_weight"] = 0.5  # Not the default: a change, both ways.
+    assert record.changes(old, record.as_json(_toy()))["train.lecam_weight"] == (0.5, 0.0)
 
 
 def test_allow_changes_must_name_keys_of_the_config(tmp_path):
     with pytest.raises(errors.ConfigError, match="train.sead"):
-        record.check(_toy(), str(tmp_path), ["train.sead"])
+        record.check(_toy(), str(tmp_path), None, ["train.sead"])
 
 
 def test_a_record_without_checkpoints_is_replaced(tmp_path):

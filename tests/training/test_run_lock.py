@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -14,7 +15,16 @@ import pytest
 import tensorflow as tf
 
 from conftest import TINY, TINY_RUN_STEPS, run_in_process, tree_digest
-from tf_gan_scale.training import run_lock
+from tf_gan_scale.training import lock_storage, run_lock
+
+
+@pytest.fixture(autouse=True)
+def no_exit_on_a_lost_lock(monkeypatch):
+    """A Lock leaked by a failing test would os._exit the test process at its next beat
+    (run_lock._lost): here a lost lock only records itself."""
+    lost = []
+    monkeypatch.setattr(run_lock, "_lost", lambda workdir, found: lost.append(workdir))
+    return lost
 
 
 def dead_pid():
@@ -25,14 +35,14 @@ def dead_pid():
     return pid
 
 
-def write_record(workdir, *, pid, space, age=0.0, host="elsewhere"):
+def write_record(workdir, *, pid, space, age=0.0, host="elsewhere", pid_start=None):
     """A run.lock as another run would have left it, its heartbeat `age` seconds old."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, run_lock.LOCK_FILE)
     with open(path, "w") as f:
         json.dump({"host": host, "pid": pid, "started": "2026-01-01T00:00:00+00:00",
                    "command": "python -m tf_gan_scale.main --workdir=W", "token": "theirs",
-                   "space": space}, f)
+                   "space": space, "pid_start": pid_start}, f)
     then = time.time() - age
     os.utime(path, (then, then))
     return path
@@ -74,6 +84,46 @@ def test_a_dead_pid_on_this_machine_is_taken_over_at_once_with_one_line(tmp_path
             f"gone (host {socket.gethostname()}, pid {dead_pid()}" in lines[0]
     finally:
         lock.release()
+
+
+def test_a_live_holder_on_this_machine_stays_live_however_old_its_heartbeat(tmp_path):
+    # A stopped or suspended run (SIGSTOP, Slurm's suspend) beats no more but lives: its
+    # process says so, not its heartbeat's age. Its start time tells a reused pid apart.
+    here = dict(space=run_lock.space(), host=socket.gethostname(), age=3600.0)
+    write_record(tmp_path, pid=os.getpid(), pid_start=run_lock.process_start(os.getpid()),
+                 **here)
+    with pytest.raises(run_lock.InUseError, match="last heartbeat 3600s ago"):
+        run_lock.acquire(tmp_path)
+    write_record(tmp_path, pid=os.getpid(),
+                 pid_start=run_lock.process_start(os.getpid()) - 1, **here)
+    run_lock.acquire(tmp_path).release()  # Another process of this pid: gone.
+
+
+def test_the_holder_refreshes_its_heartbeat(tmp_path):
+    lock = run_lock.acquire(tmp_path, heartbeat_s=0.05)
+    try:
+        path = tmp_path / run_lock.LOCK_FILE
+        old = time.time() - 100
+        os.utime(path, (old, old))
+        deadline = time.monotonic() + 5
+        while os.stat(path).st_mtime < old + 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.stat(path).st_mtime > time.time() - 5
+    finally:
+        lock.release()
+
+
+def test_sigterm_before_training_releases_the_workdir_and_exits_143(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        with run_lock.Claim(tmp_path) as claim:
+            claim.acquire()
+            assert os.path.exists(tmp_path / run_lock.LOCK_FILE)
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(1)  # The handler runs at the next bytecode, in this thread.
+    assert e.value.code == 143
+    assert not os.path.exists(tmp_path / run_lock.LOCK_FILE)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_stale_heartbeat_of_another_host_is_taken_over(tmp_path):
@@ -216,7 +266,7 @@ def test_a_second_run_of_the_binary_is_refused_in_one_line_and_writes_nothing(
 
 def test_a_gfile_url_refuses_a_live_holder_and_takes_a_stale_one(monkeypatch):
     """The write-settle-read-back path, on TensorFlow's in-memory ram:// file system."""
-    monkeypatch.setattr(run_lock, "SETTLE_S", 0.01)
+    monkeypatch.setattr(lock_storage, "SETTLE_S", 0.01)
     workdir = f"ram://run_lock_test_{os.getpid()}/run"
     lock = run_lock.acquire(workdir)
     with pytest.raises(run_lock.InUseError, match=f"pid {os.getpid()},"):

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tf_gan_scale import errors, training
 from tf_gan_scale import gan as gan_lib
 from tf_gan_scale.keras_files import check_new, save_new
+from tf_gan_scale.training import checkpoints
 
 
 def workdir_to_keras(workdir, output):
@@ -32,12 +33,16 @@ def workdir_to_keras(workdir, output):
     existing output) raises ConfigError before anything is written.
     """
     check_new(output)
-    config, data_shape, classes = training.load_run(workdir)
-    model = training.build_gan(config, data_shape, classes)
+    training.load_run(workdir)  # No run here: that line first, not "no checkpoint".
     ckpt_dir = os.path.join(workdir, "checkpoints")
-    path = training.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()))
-    if path is None:
+    found = checkpoints.choose(ckpt_dir)
+    if found.path is None:
         raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
+    # The config of the segment that trained this checkpoint (run.json, record.py).
+    config, data_shape, classes = training.load_run(workdir, checkpoints.step_of(found.path))
+    model = training.build_gan(config, data_shape, classes)
+    path = checkpoints.restore(ckpt_dir, tf.train.Checkpoint(**model.checkpoint_items()),
+                               found=found).path
     save_new(model, output)
     return {"step": int(model.step.numpy()), "checkpoint": path, "output": os.fspath(output)}
 

@@ -1,7 +1,6 @@
 """Generator samples from a training run's latest checkpoint (used by tools/sample.py)."""
 
 import os
-import re
 
 import numpy as np
 import tensorflow as tf
@@ -9,6 +8,7 @@ import tensorflow as tf
 from tf_gan_scale import errors, images, latents, training
 from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.architectures.calls import generate
+from tf_gan_scale.training import checkpoints
 
 
 def load_generator(workdir, checkpoint=None, ema=True):
@@ -19,18 +19,21 @@ def load_generator(workdir, checkpoint=None, ema=True):
     StyleGAN's config.train.ema.kimg > 0) gives its EMA generator, the one to sample and score; ema=False the raw one.
     The generator's `num_classes` attribute is the number of classes it is conditioned
     on (0: unconditional)."""
-    config, data_shape, classes = training.load_run(workdir)
+    training.load_run(workdir)  # No run here: that line first, not "no checkpoint".
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    found = checkpoints.choose(ckpt_dir, checkpoint)
+    if found.path is None:
+        raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
+    step = checkpoints.step_of(found.path)
+    # The config of the segment that trained this checkpoint (run.json, record.py).
+    config, data_shape, classes = training.load_run(workdir, step)
     generator, _ = training.build_networks(config, data_shape, classes)
     generator.num_classes = classes
     settings = config.train.get("ema") or {}
     use_ema = ema and (settings.get("decay", 0.0) > 0 or settings.get("kimg", 0.0) > 0)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
     ckpt = (tf.train.Checkpoint(ema_generator=generator) if use_ema
             else tf.train.Checkpoint(generator=generator))
-    path = training.restore(ckpt_dir, ckpt, path=checkpoint)
-    if path is None:
-        raise errors.ConfigError(f"no checkpoint in {ckpt_dir!r}")
-    step = int(re.search(r"ckpt-(\d+)$", path).group(1))
+    path = checkpoints.restore(ckpt_dir, ckpt, found=found).path
     return generator, config.model.latent_dim, step, path
 
 

@@ -153,17 +153,19 @@ def _read(checkpoint, path):
             f"use a new --workdir or the config it was trained with") from None
 
 
-def restore(ckpt_dir, checkpoint, path=None):
-    """Restores into `checkpoint` the newest readable checkpoint of ckpt_dir (or the one
-    at `path`); returns a Found. Writes nothing: every worker calls it on the shared
-    directory, and the same files give every worker the same choice.
+def choose(ckpt_dir, path=None):
+    """The checkpoint a resume (or a tool) is to restore, without any model: the newest
+    readable one of ckpt_dir, or the one at `path`; a Found. Writes nothing: every
+    worker calls it on the shared directory, and the same files give every worker the
+    same choice. Known before the model is built, so the record can be checked against
+    the config that trained it (record.check).
 
-    Each checkpoint's files are read back whole (`damage`) before the model reads them:
-    a failed read would leave restorations pending on the model's objects (of variables
-    created later, such as the checkpoint's save counter) that still point at the
-    damaged files. Newer unreadable checkpoints are passed over with one warning line
-    (Found.warning). ConfigError (one line): a checkpoint of another model, a `path`
-    that is none or cannot be read, or checkpoints none of which can be read."""
+    Each checkpoint's files are read back whole (`damage`) before a model reads them
+    (`restore`): a failed read would leave restorations pending on the model's objects
+    (of variables created later, such as the checkpoint's save counter) that still point
+    at the damaged files. Newer unreadable checkpoints are passed over with one warning
+    line (Found.warning). ConfigError (one line): a `path` that is none or cannot be
+    read, or checkpoints none of which can be read."""
     if path is not None:
         if not tf.io.gfile.exists(f"{path}.index"):
             raise errors.ConfigError(f"no checkpoint {path!r} (expected {path}.index)")
@@ -171,7 +173,6 @@ def restore(ckpt_dir, checkpoint, path=None):
         if reason is not None:
             raise errors.ConfigError(f"checkpoint {path} cannot be read ({reason}); valid: "
                                      f"another checkpoint, or none for the run's latest")
-        _read(checkpoint, path)
         return Found(path)
     damaged = []
     for candidate in candidates(ckpt_dir):
@@ -179,7 +180,6 @@ def restore(ckpt_dir, checkpoint, path=None):
         if reason is not None:
             damaged.append((candidate, reason))
             continue
-        _read(checkpoint, candidate)
         found = Found(candidate, tuple(damaged))
         if damaged:
             logging.warning("%s", found.warning())
@@ -190,6 +190,15 @@ def restore(ckpt_dir, checkpoint, path=None):
             f"{'; '.join(f'{os.path.basename(p)} ({r})' for p, r in damaged)}; nothing was "
             f"changed; valid: another --workdir, or move these files away to start fresh")
     return Found()
+
+
+def restore(ckpt_dir, checkpoint, path=None, found=None):
+    """Restores into `checkpoint` the checkpoint `choose` picks (or `found`, a Found it
+    gave); returns the Found. ConfigError also for a checkpoint of another model."""
+    found = found or choose(ckpt_dir, path)
+    if found.path is not None:
+        _read(checkpoint, found.path)
+    return found
 
 
 def set_aside(ckpt_dir, damaged, restored):

@@ -223,11 +223,14 @@ def prepare_run(config, run_dir, *, num_replicas, scope=None, check=None, placem
     # After the checks of the input itself (a bad value is named as such), before the
     # restore: a changed model would fail it with a shape error, a changed seed not at
     # all; the record names every differing key instead.
-    segments, changes = record.check(config, run_dir, allowed_changes)
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    found = checkpoints.choose(ckpt_dir)  # Model-free: the record names its trainer.
+    segments, changes = record.check(config, run_dir, checkpoints.step_of(found.path),
+                                     allowed_changes)
     with scope or contextlib.nullcontext():
         model = build.build_gan(config, source.shape, source.num_classes, placement_spec)
     checkpoint = tf.train.Checkpoint(**model.checkpoint_items())
-    found = checkpoints.restore(os.path.join(run_dir, "checkpoints"), checkpoint)
+    found = checkpoints.restore(ckpt_dir, checkpoint, found=found)
     restored = found.path
     start = int(model.step.numpy())
     # Data position: each generator step consumed d_steps global batches.

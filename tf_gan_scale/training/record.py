@@ -9,14 +9,18 @@ A segment is a stretch of training under one config; a resume under another conf
 starts a new one at the step it resumed from. So the record stays true: whatever trained
 the checkpoints beside it is written in it, step by step.
 
-A resume is checked against the record before anything is restored (`check`):
+A resume is checked, before anything is restored (`check`), against the segment that
+trained the checkpoint it resumes from (`covering`: after a damaged newer checkpoint is
+passed over, that may be an earlier segment than the last):
 - keys that do not change the math (`FREE`: run length, logging, checkpoint, sample and
   evaluation cadence, the topology) change freely, with one line;
 - any other change (model, seed, loss, optimizers, batch, data, precision, augmentation,
   ...) is refused in one line listing each key and its two values, unless the user
   names it in `allowed` (the binary's --allow_changes): then it is recorded.
 Only a workdir that holds checkpoints is checked: without one nothing was trained yet,
-and the new config simply replaces the record.
+and the new config simply replaces the record. A key that only one of the two configs
+has is a change (an experiment file that adds `beta_1` changes the math), unless the side
+that has it holds `configs.base()`'s default: a key a newer version of the project added.
 """
 
 import json
@@ -26,7 +30,7 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from tf_gan_scale import errors
+from tf_gan_scale import configs, errors
 from tf_gan_scale.training import build
 
 RUN_FILE = "run.json"
@@ -42,6 +46,7 @@ FREE = ("train.num_steps", "train.log_every", "train.checkpoint_every",
 # learning-rate decay reaches 0 at num_steps, so a longer run has other rates).
 _SCHEDULED = ("linear", "cosine")
 ALL = "all"  # allowed=("all",): every change is intended.
+ABSENT = "(absent)"  # A key one of two configs does not have.
 
 
 def _flat(tree, prefix=""):
@@ -69,11 +74,25 @@ def is_free(key, old_config):
 
 
 def changes(old, new):
-    """{key: (old value, new value)} of two JSON config dicts, for the keys both have
-    (a key added or removed by a newer version of the project is not a change of the
-    run: it takes its default)."""
+    """{key: (old value, new value)} of two JSON config dicts; a key only one has is
+    (value, ABSENT) or (ABSENT, value), unless its value is configs.base()'s default
+    (a key a newer version of the project added or removed: the run had its default)."""
     a, b = _flat(old), _flat(new)
-    return {k: (a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]}
+    default = _flat(as_json(configs.base()))
+    out = {}
+    for k in sorted(a.keys() | b.keys()):
+        x, y = a.get(k, ABSENT), b.get(k, ABSENT)
+        one_sided = ABSENT in (x, y)
+        if x != y and not (one_sided and k in default and default[k] in (x, y)):
+            out[k] = (x, y)
+    return out
+
+
+def covering(segments, step):
+    """The segment that trained checkpoint `step`: the last one that started before it
+    (a segment starting at `step` trained nothing that checkpoint holds)."""
+    before = [s for s in segments if s["step"] < step]
+    return before[-1] if before else segments[0]
 
 
 def read(workdir):
@@ -88,21 +107,21 @@ def read(workdir):
     return run
 
 
-def _has_checkpoints(workdir):
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    return bool(tf.io.gfile.glob(os.path.join(ckpt_dir, "ckpt-*.index")))
-
-
 def _show(value):
+    if value == ABSENT:
+        return ABSENT
     return json.dumps(value) if not isinstance(value, str) else repr(value)
 
 
-def check(config, workdir, allowed=()):
-    """Compares `config` with the record of `workdir`'s checkpoints, before restoring.
+def check(config, workdir, step, allowed=()):
+    """Compares `config` with the record of the checkpoint a resume restores, before
+    restoring it.
 
     Args:
         config: the run's ConfigDict.
         workdir: the run directory.
+        step: the step of the checkpoint to be restored (checkpoints.choose), None when
+            there is none (a new run: nothing to compare).
         allowed: keys whose change the user intends (the binary's --allow_changes), or
             ("all",).
     Returns:
@@ -113,16 +132,16 @@ def check(config, workdir, allowed=()):
             names a key the config does not have.
     """
     new = as_json(config)
-    keys = _flat(new)
+    run = read(workdir)
+    old = None if run is None or step is None else covering(run["segments"], step)["config"]
+    keys = _flat(new).keys() | (_flat(old).keys() if old else set())  # Removed ones too.
     unknown = [k for k in allowed if k != ALL and k not in keys]
     if unknown:
         raise errors.ConfigError(
             f"--allow_changes names {', '.join(unknown)}, not keys of this config; valid: "
             f"dotted config keys such as seed,train.d_optimizer.learning_rate, or {ALL}")
-    run = read(workdir)
-    if run is None or not _has_checkpoints(workdir):
+    if old is None:
         return [], {}
-    old = run["segments"][-1]["config"]
     diff = changes(old, new)
     flat_old = _flat(old)
     math = {k: v for k, v in diff.items() if not is_free(k, flat_old)}
@@ -145,15 +164,16 @@ def check(config, workdir, allowed=()):
 
 def segments_after(segments, config, start, diff):
     """The segments to record for a run that starts (or resumes) at step `start` with
-    `config`: the recorded ones (`check`'s), plus a new one when there is none yet or the
-    config changed (`diff`, `check`'s)."""
-    if segments and not diff:
-        return segments
-    segment = {"step": int(start), "config": as_json(config)}
-    if segments:
-        segment["changed"] = {k: list(v) for k, v in diff.items()}
-    # A segment that starts where the last one did replaced it before any step ran.
+    `config`: the recorded ones (`check`'s) that trained the restored checkpoint, plus a
+    new one when there is none yet or the config changed (`diff`, `check`'s). Segments
+    from `start` on go: their steps are trained again (a segment that started there
+    trained nothing a checkpoint holds, or only a damaged one passed over)."""
     kept = [s for s in segments if s["step"] < int(start)]
+    if kept and not diff:
+        return kept
+    segment = {"step": int(start), "config": as_json(config)}
+    if kept:
+        segment["changed"] = {k: list(v) for k, v in diff.items()}
     return kept + [segment]
 
 
@@ -172,11 +192,14 @@ def write(workdir, config, data_shape, source=None, num_classes=None, segments=N
     tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
-def load(workdir):
-    """(config, data_shape, num_classes of the model) recorded in `workdir` (its latest
-    segment's config); ConfigError if there is none."""
+def load(workdir, step=None):
+    """(config, data_shape, num_classes of the model) recorded in `workdir`: the config
+    of the segment that trained checkpoint `step` (default: the latest segment's, which
+    a run records before its first checkpoint under it), for tools that read that
+    checkpoint; ConfigError if there is none."""
     run = read(workdir)
     if run is None:
         raise errors.ConfigError(f"no training run in {workdir!r} (missing {RUN_FILE})")
-    config = ml_collections.ConfigDict(run["config"])
+    config = ml_collections.ConfigDict(
+        run["config"] if step is None else covering(run["segments"], step)["config"])
     return config, tuple(run["data_shape"]), build.num_classes(config, run.get("num_classes"))

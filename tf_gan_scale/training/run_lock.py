@@ -14,21 +14,22 @@ collective: the whole second cluster exits 2 together, having written nothing.
 
 The record (JSON): host, pid, started, command, token, space (host, boot and pid namespace:
 where the pid means something). Its heartbeat (local disks and NFS: the file's mtime;
-gfile URLs: a field) is refreshed by a thread of the holder every HEARTBEAT_S. A holder is
-gone when it ran in this space and its pid is dead (kill -9: seen at once), or its
-heartbeat is older than STALE_S (a lost host, an ended Slurm allocation); another host's
-fresh heartbeat is watched: live once it moves, gone if it does not within STALE_S. Taking
-over logs one line. Hosts' clocks are assumed to agree within seconds (NTP).
+gfile URLs: a field) is refreshed by a thread of the holder every HEARTBEAT_S. A holder of
+this space is judged by its process (pid and start time): live while it runs, however old
+its heartbeat; gone at once when dead (kill -9). Another space's holder is gone when its
+heartbeat is older than STALE_S (a lost host, an ended Slurm allocation); a fresh one is
+watched: live once it moves, gone if it does not within STALE_S. Taking over logs one
+line. Hosts' clocks are assumed to agree within seconds (NTP).
 
-Atomicity (docs/multi_worker.md, "One run per workdir"): on local disks and NFS the record
-is hard-linked into place (link(2) fails if the name exists: atomic on both), and a taker
-renames a stale record aside (one rename wins); a gfile URL (gs://) has no conditional
-create: write, wait SETTLE_S, read back (best effort).
+Atomicity (docs/multi_worker.md, "One run per workdir"; lock_storage.py): on local disks
+and NFS the record is hard-linked into place (link(2) fails if the name exists: atomic on
+both), and a taker renames a stale record aside (one rename wins); a gfile URL (gs://) has
+no conditional create: write, wait, read back (best effort).
 """
 
 import datetime
-import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -40,45 +41,25 @@ from absl import logging
 
 from tf_gan_scale import errors, replica
 from tf_gan_scale.cluster import rank_log
+from tf_gan_scale.cluster.launch import PREEMPTED_EXIT_CODE
+# The storage side, offered here too: LOCK_FILE and storage() for what reads the record.
+from tf_gan_scale.training.lock_storage import (LOCK_FILE, pid_alive, process_start, space,
+                                                storage)
 
-LOCK_FILE = "run.lock"
 # A beat is one small metadata write (cheap on NFS and object stores, far under GCS's one
 # write per second per object); six may be lost to a storage stall or a busy host before
 # a live run could pass for a gone one, and a requeued job waits at most a minute.
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
-SETTLE_S = 2.0  # gfile: longer than a write takes to be seen (GCS reads its writes).
 POLL_S = 0.5  # How often a watched heartbeat is read.
+
+__all__ = ["Claim", "HEARTBEAT_S", "InUseError", "LOCK_FILE", "Lock", "POLL_S", "STALE_S",
+           "acquire", "across_workers", "describe", "judge", "pid_alive", "process_start",
+           "refusal", "space", "storage"]
 
 
 class InUseError(errors.ConfigError):
     """The workdir is held by another live run: one line naming it, exit 2."""
-
-
-def space():
-    """Where a pid names a process: this host, its boot and this pid namespace."""
-    parts = [socket.gethostname()]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts += [f.read().strip(), os.readlink("/proc/self/ns/pid")]
-    except OSError:  # Not Linux: the host name alone.
-        pass
-    return "/".join(parts)
-
-
-def pid_alive(pid):
-    """Whether process `pid` of this space runs (a zombie, killed but not reaped, is dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # Another user's process.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def describe(record, age):
@@ -95,146 +76,20 @@ def refusal(workdir, record, age):
 
 
 def judge(record, age, stale_s=STALE_S):
-    """"gone", "live", or None (another space with a fresh heartbeat: watch it)."""
+    """"gone", "live", or None (another space with a fresh heartbeat: watch it).
+
+    A holder of this space (host, boot, pid namespace) is judged by its process alone,
+    whatever its heartbeat's age: a stopped or suspended run (SIGSTOP, Slurm's suspend)
+    is alive, and a dead one is gone at once; its start time guards against a reused
+    pid. Elsewhere only the heartbeat can tell."""
+    if record.get("space") == space() and isinstance(record.get("pid"), int):
+        pid = record["pid"]
+        started = record.get("pid_start")
+        alive = pid_alive(pid) and (started is None or started == process_start(pid))
+        return "live" if alive else "gone"
     if age > stale_s:
         return "gone"
-    if record.get("space") == space() and isinstance(record.get("pid"), int):
-        return "live" if pid_alive(record["pid"]) else "gone"
     return None
-
-
-def _parse(text):
-    """A record from its JSON; {} for anything else (a holder writes its record whole
-    before it links or uploads it, so that is no live run's: judged by its age)."""
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-class _LocalFile:
-    """run.lock on a local disk or NFS; a holder's handle is its open file (its inode:
-    while open, its number is not reused)."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def create(self, record):
-        tmp = f"{self.path}.{record['token']}"
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.link(tmp, self.path)  # Atomic; fails if run.lock exists.
-        except OSError as e:
-            if os.fstat(fd).st_nlink < 2:  # NFS: a retried link may fail yet have worked.
-                os.close(fd)
-                if isinstance(e, FileExistsError):
-                    return None
-                raise errors.ConfigError(  # E.g. a FUSE mount without hard links.
-                    f"--workdir={os.path.dirname(self.path)}: cannot create {LOCK_FILE} "
-                    f"({e}); valid: a directory on a local disk or NFS, or a gs:// URL")
-        finally:
-            os.remove(tmp)
-        return fd
-
-    def read(self):
-        """(record, heartbeat time, key) or None; open() revalidates NFS's attributes."""
-        try:
-            with open(self.path) as f:
-                st = os.fstat(f.fileno())
-                text = f.read()
-        except FileNotFoundError:
-            return None
-        record = _parse(text)
-        # The key is the token, not the inode: a removed record's inode number is reused.
-        return record, st.st_mtime, record.get("token")
-
-    def beat(self, fd):
-        """Refreshes our heartbeat; False if run.lock is no longer ours."""
-        now = time.time()
-        os.utime(fd, (now, now))  # Our inode, wherever a taker may have moved it.
-        try:
-            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            return False
-
-    def take(self, key):
-        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
-        try:
-            os.rename(self.path, aside)  # Of two takers, one rename wins.
-        except FileNotFoundError:
-            return False
-        with open(aside) as f:
-            moved = _parse(f.read()).get("token")
-        if moved != key:  # Another taker's new record: put it back.
-            try:
-                os.link(aside, self.path)
-            except OSError:
-                pass
-            os.remove(aside)
-            return False
-        os.remove(aside)
-        return True
-
-    def release(self, fd):
-        try:
-            if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                os.remove(self.path)
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-
-
-class _GfileObject:
-    """run.lock at a gfile URL (gs://...): write, settle, read back; a handle is a token."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def _write(self, record):
-        with tf.io.gfile.GFile(self.path, "w") as f:
-            f.write(json.dumps(dict(record, beat=time.time())))
-
-    def create(self, record):
-        if tf.io.gfile.exists(self.path):
-            return None
-        self._write(record)
-        time.sleep(SETTLE_S)  # Every concurrent write is visible after this: last one wins.
-        found = self.read()
-        return record if found and found[2] == record["token"] else None
-
-    def read(self):
-        try:
-            with tf.io.gfile.GFile(self.path) as f:
-                text = f.read()
-        except tf.errors.NotFoundError:
-            return None
-        record = _parse(text)  # {}: no heartbeat, so gone.
-        return record, float(record.get("beat", 0.0)), record.get("token")
-
-    def beat(self, record):
-        found = self.read()
-        if not found or found[2] != record["token"]:
-            return False
-        self._write(record)  # A taker writing between the read and here: both think so.
-        return True
-
-    def take(self, key):  # Removes the record if it is still `key`'s; then try to create.
-        found = self.read()
-        if found and found[2] == key:
-            tf.io.gfile.remove(self.path)
-        return True
-
-    def release(self, record):
-        self.take(record["token"])
-
-
-def storage(workdir):
-    """The run.lock of `workdir`, by where it lives."""
-    path = os.path.join(workdir, LOCK_FILE)
-    return _GfileObject(path) if "://" in str(workdir) else _LocalFile(path)
 
 
 def _lost(workdir, found):
@@ -249,11 +104,11 @@ def _lost(workdir, found):
 class Lock:
     """A held run.lock and the thread that refreshes its heartbeat; `release()` ends it."""
 
-    def __init__(self, workdir, store, handle, heartbeat_s=HEARTBEAT_S, on_lost=_lost,
-                 created=False):
+    def __init__(self, workdir, store, handle, heartbeat_s=HEARTBEAT_S, on_lost=None,
+                 created=()):
         self.workdir, self.store, self.handle, self.created = workdir, store, handle, created
         self._stop = threading.Event()
-        self._on_lost = on_lost
+        self._on_lost = on_lost or _lost  # Looked up now, not at import: tests replace it.
         self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,),
                                         name="run_lock heartbeat", daemon=True)
         self._thread.start()
@@ -276,31 +131,56 @@ class Lock:
         self._stop.set()
         self._thread.join()
         self.store.release(self.handle)
-        if self.created:  # A new run that failed before writing leaves no workdir.
+        for folder in self.created:  # A new run that failed before writing leaves none.
             try:
-                os.rmdir(self.workdir)
-            except OSError:
-                pass
+                os.rmdir(folder)
+            except OSError:  # Not empty: the run wrote something; keep it.
+                break
 
 
-def acquire(workdir, *, heartbeat_s=HEARTBEAT_S, stale_s=STALE_S, on_lost=_lost):
+def _make_dirs(workdir):
+    """Creates a local `workdir` and its missing parents; returns the ones it created,
+    deepest first (removed again if the run writes nothing). A path that cannot be a
+    directory is bad input: one line."""
+    if "://" in str(workdir):
+        return ()
+    created, folder = [], os.path.abspath(workdir)
+    while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+        created.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        raise errors.ConfigError(f"--workdir={workdir} cannot be created ({e.strerror}: "
+                                 f"{e.filename}); valid: a directory path this user can "
+                                 f"write") from None
+    return tuple(created)
+
+
+def acquire(workdir, *, heartbeat_s=HEARTBEAT_S, stale_s=STALE_S, on_lost=None):
     """Holds `workdir` for this run (a Lock), taking over from a gone holder (one warning
     line); raises InUseError naming a live one."""
     store = storage(workdir)
-    created = "://" not in str(workdir) and not os.path.isdir(workdir)
-    if created:
-        os.makedirs(workdir, exist_ok=True)
+    created = _make_dirs(workdir)
     record = {"host": socket.gethostname(), "pid": os.getpid(),
+              "pid_start": process_start(os.getpid()),
               "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
               "command": " ".join(sys.argv)[:300], "token": uuid.uuid4().hex,
               "space": space()}
     watched = None  # (key, first heartbeat seen, its age then, monotonic time then)
+    vanished = 0  # Reads that found no record after a create that found one.
     while True:
         handle = store.create(record)
         if handle is not None:
             return Lock(workdir, store, handle, heartbeat_s, on_lost, created)
         found = store.read()
-        if found is None:  # Released meanwhile: try again.
+        if found is None:  # Released meanwhile: try again shortly; never: not a file.
+            vanished += 1
+            if vanished * POLL_S > stale_s:
+                raise errors.ConfigError(
+                    f"--workdir={workdir}: {store.path} exists but cannot be read (a "
+                    f"dangling link?); valid: remove it if no run uses this workdir")
+            time.sleep(POLL_S)
             continue
         holder, beat, key = found
         age = max(0.0, time.time() - beat)
@@ -356,9 +236,24 @@ class Claim:
             raise InUseError(refusal(self.workdir, found[0], max(0.0, time.time() - found[1])))
 
     def __enter__(self):
+        # SIGTERM before training takes it over (data, build, tracing: the Preemption
+        # callback's handler) would end the process without unwinding, leaving the
+        # record until judged gone. As SystemExit(143), a preempted run's code, it
+        # unwinds through __exit__. Only the main thread may set a handler.
+        self._sigterm = None
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _preempted)
         return self
 
     def __exit__(self, *exc):
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _preempted(signum, frame):
+    del signum, frame
+    sys.exit(PREEMPTED_EXIT_CODE)
