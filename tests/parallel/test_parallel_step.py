@@ -403,6 +403,39 @@ def test_adam_moments_are_split_like_their_weights():
     assert dtensor.fetch_layout(counter).is_fully_replicated()
 
 
+def test_every_checkpoint_item_moves_onto_the_mesh():
+    # MeshTrainer moves what GAN.checkpoint_items lists (step.by_kind), so a checkpointed
+    # item cannot be left on the host: here G, D, both optimizers, the EMA copy of G and
+    # LeCam's anchors, every variable of each.
+    import keras
+    from tensorflow.experimental import dtensor
+
+    from tf_gan_scale import architectures, gan as gan_lib
+    from tf_gan_scale.parallel import layouts, mesh as mesh_lib, step as step_lib
+    g, d = architectures.build("mlp", data_shape=(2,), latent_dim=4, hidden=(8,))
+    model = gan_lib.GAN(g, d, latent_dim=4, ema_decay=0.9)
+    model.compile(d_optimizer=keras.optimizers.Adam(), g_optimizer=keras.optimizers.SGD(),
+                  lecam_weight=0.1)
+    items = model.checkpoint_items()
+    assert {"ema_generator", "lecam_anchors"} <= set(items)
+    dims = {"batch": 1, "model": 2}
+    trainer = step_lib.MeshTrainer(model, mesh_lib.make(dims, "CPU"),
+                                   layouts.plan((g, d), dims))
+    for key, item in items.items():
+        for v in getattr(item, "variables", [item]):
+            assert dtensor.fetch_layout(v._value.read_value()).mesh == trainer.mesh, (key, v)
+
+
+def test_a_checkpoint_item_no_mesh_can_hold_is_refused():
+    import keras
+
+    from tf_gan_scale.parallel import step as step_lib
+    v = keras.Variable(0.0)
+    assert step_lib.by_kind({"pl_mean": v}) == ([], [], [v])
+    with pytest.raises(TypeError, match="checkpoint item 'extra' is a dict"):
+        step_lib.by_kind({"pl_mean": v, "extra": {}})
+
+
 def test_the_memory_report_counts_each_device_its_shards(monkeypatch):
     # The conditional BigGAN with Adam, every convolution split (threshold 0) on 1x2: a
     # device holds half of each split weight and of its two Adam slots, all of the rest.
@@ -497,7 +530,7 @@ def test_gradient_cleaning_acts_on_split_gradients_on_a_mesh():
     var = keras.Variable(np.zeros([4], np.float32))
     opt = keras.optimizers.SGD(1.0)
     opt.build([var])
-    step_lib.place(var, mesh, ("model",))
+    tensors.place(var, mesh, ("model",))
     step_lib.place_optimizer(opt, mesh)
     grad = tensors.to_mesh(np.array([np.nan, np.inf, -np.inf, 3.0], np.float32), mesh,
                            ("model",))

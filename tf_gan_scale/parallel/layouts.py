@@ -291,9 +291,7 @@ def shard(models, mesh, weight_plan):
             if isinstance(layer, CONSTRAIN_OUTPUT_COMPOSITE):
                 _constrain(layer, mesh, "output")
         for w in model.weights:
-            value = tensors.to_mesh(w._value.read_value(), mesh,
-                                    weight_plan[weight_path(model, w)])
-            w._value = dtensor.DVariable(value, trainable=w.trainable, name=w.name)
+            tensors.place(w, mesh, weight_plan[weight_path(model, w)])
         for layer in _leaf_layers(model):
             if isinstance(layer, CONSTRAIN_OUTPUT):
                 _constrain(layer, mesh, "output")

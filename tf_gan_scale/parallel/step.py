@@ -64,8 +64,9 @@ def place_optimizer(optimizer, mesh):
     variable Keras made from a weight with `add_variable_from_reference`, so named after
     the weight's path) takes its weight's layout, so a device holds 1/M of a split
     weight's moments; the rest (iterations, the learning rate, a loss scale) is
-    replicated. They stay the optimizer's own Keras variables: its checkpoint is the same
-    on a mesh and on one device, and a run moves between them with its moments.
+    replicated (`tensors.place`, as the GAN's step state). They stay the optimizer's own
+    Keras variables: its checkpoint is the same on a mesh and on one device, and a run
+    moves between them with its moments.
 
     optimizer: a built Keras optimizer (or LossScaleOptimizer) whose weights are on
     `mesh` already (`layouts.shard`)."""
@@ -78,26 +79,31 @@ def place_optimizer(optimizer, mesh):
     for v in optimizer.variables:
         owners = [w for prefix, w in weights.items()
                   if v.name.startswith(prefix) and tuple(v.shape) == tuple(w.shape)]
-        spec = (None,) * len(v.shape)
+        spec = None  # Replicated: no weight made it.
         if owners:  # The longest matching path is the weight the slot was made from.
             owner = max(owners, key=lambda w: len(w.path))
             spec = tuple(None if a == dtensor.UNSHARDED else a
                          for a in dtensor.fetch_layout(owner._value).sharding_specs)
-        place(v, mesh, spec)
+        tensors.place(v, mesh, spec)
 
 
-def place(variable, mesh, spec):
-    """Moves a Keras variable onto `mesh` with sharding `spec` (a mesh axis or None per
-    dimension), in place: it stays the same Keras variable, so checkpoints see no
-    difference."""
-    value = tensors.to_mesh(variable._value.read_value(), mesh, spec)
-    variable._value = dtensor.DVariable(value, trainable=variable.trainable,
-                                        name=variable.name)
-
-
-def place_replicated(variable, mesh):
-    """`place`, replicated on every device."""
-    place(variable, mesh, (None,) * len(variable.shape))
+def by_kind(items):
+    """A GAN's checkpoint items ({key: item}, `GAN.checkpoint_items()`) -> (networks,
+    optimizers, variables), each a list in the items' order: what MeshTrainer moves onto
+    the mesh, read from the checkpoint's own list, so nothing a checkpoint holds (the
+    EMA copy of G, LeCam's anchors, ADA's p and statistic, the path-length mean, or a
+    later item) is left on the host, and nothing else is moved. An item of another kind
+    is a TypeError naming it, before anything moves."""
+    kinds = ((keras.layers.Layer, []), (keras.optimizers.Optimizer, []),
+             (keras.Variable, []))
+    for key, item in items.items():
+        lists = [of_kind for kind, of_kind in kinds if isinstance(item, kind)]
+        if not lists:
+            raise TypeError(f"checkpoint item {key!r} is a {type(item).__name__}, which "
+                            f"parallel.step cannot move onto a mesh; valid: a Keras "
+                            f"layer or model, optimizer or variable")
+        lists[0].append(item)
+    return tuple(of_kind for _, of_kind in kinds)
 
 
 def _unsupported_layers(models):
@@ -130,10 +136,11 @@ class MeshTrainer:
     EMA). Tested with DCGAN, MLP, SNGAN, the conditional BigGAN (d_steps 1 and 2) and
     StyleGAN2 with its lazy phases, path length, style mixing, ADA and float16 off.
 
-    The networks' weights are moved onto the mesh by `weight_plan` (layouts.plan), then
-    the optimizers' variables (`place_optimizer`). The GAN's checkpoint items
-    (`gan.checkpoint_items()`) stay the same objects, so a tf.train.Checkpoint of them
-    saves and restores on the mesh exactly as on one device: restore before or after.
+    What moves onto the mesh is the GAN's checkpoint items (`gan.checkpoint_items()`,
+    `by_kind`): the networks' weights by `weight_plan` (layouts.plan), then the
+    optimizers' variables (`place_optimizer`), then the step's own state, replicated.
+    They stay the same objects, so a tf.train.Checkpoint of them saves and restores on
+    the mesh exactly as on one device: restore before or after.
     One call of `train_step(batches)` is one GAN step, one tf.function: d_steps D
     updates, then one G update, then the EMA generator's; `gan.step` counts it as on one
     device. The updates go through `GanStep.apply` (`replica.apply_global_gradients`,
@@ -169,25 +176,25 @@ class MeshTrainer:
         # The Keras trackers are host variables, not on the mesh: the mesh's losses
         # come back from the step (train_step) instead.
         self.step_math.trackers = {}
+        networks, optimizers, state = by_kind(gan.checkpoint_items())
         # Group batch norm (config.model.sync_bn_group_size=G): the mesh's batch shards
         # stand for replicas; the global batch is one "replica" here, so each group of
         # G shards' rows is normalized apart (contiguous rows, as on one device with
         # virtual_groups). Before the step is traced.
-        for net in (gan.generator, gan.discriminator) + (
-                (gan.ema.model,) if gan.ema is not None else ()):
+        for net in networks:
             normalization.set_row_groups(net, mesh.dim_size("batch"))
-        layouts.shard((gan.generator, gan.discriminator), mesh, weight_plan)
         if gan.ema is not None:  # The EMA copy of G: each weight laid out as G's twin.
             ema = gan.ema.model
-            layouts.shard((ema,), mesh, {
+            weight_plan = {**weight_plan, **{
                 layouts.weight_path(ema, e): weight_plan[layouts.weight_path(gan.generator, w)]
-                for e, w in zip(ema.weights, gan.generator.weights)})
-        for opt in (gan.d_optimizer, gan.g_optimizer):
+                for e, w in zip(ema.weights, gan.generator.weights)}}
+        layouts.shard(networks, mesh, weight_plan)
+        for opt in optimizers:  # After the weights: each slot takes its weight's layout.
             place_optimizer(opt, mesh)
-        # The GAN's other checkpointed state (LeCam's anchors, ADA's p and statistic,
-        # the path-length mean): small, replicated, updated from global values.
-        for v in gan.step_state().values():
-            place_replicated(v, mesh)
+        # The step's own state (LeCam's anchors, ADA's p and statistic, the path-length
+        # mean): small, replicated, updated from global values.
+        for v in state:
+            tensors.place(v, mesh)
         # autograph=False: the step math is plain Python around ops
         # (gan.step_function.unconverted_if_own). One trace per d_steps and batch shape.
         self._step_fn = tf.function(self._step, autograph=False)

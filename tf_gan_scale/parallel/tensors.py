@@ -1,4 +1,5 @@
-"""DTensor values: laying tensors out on a mesh and reading them back, joining examples.
+"""DTensor values: laying tensors and Keras variables out on a mesh and reading them back,
+joining examples.
 
 Kept apart from the mesh (mesh.py) and the layout policy (layouts.py), which both use it.
 """
@@ -17,6 +18,20 @@ def to_mesh(value, mesh, spec):
     value = tf.convert_to_tensor(value)
     replicated = dtensor.Layout.replicated(mesh, rank=value.shape.rank)
     return dtensor.relayout(dtensor.copy_to_mesh(value, replicated), layout(mesh, spec))
+
+
+def place(variable, mesh, spec=None):
+    """Moves a Keras variable onto `mesh` laid out by `spec` (a mesh axis or None per
+    dimension; spec None: replicated on every device), in place: it stays the same Keras
+    variable (object, path, trainability), only its backing tf.Variable becomes a
+    `dtensor.DVariable` (Keras 3 ignores `layout=` on TensorFlow: docs/notes/dtensor.md),
+    so checkpoints see no difference. The one way anything moves onto a mesh: weights
+    (layouts.shard), optimizer slots and the GAN's step state (parallel.step)."""
+    if spec is None:
+        spec = (None,) * len(variable.shape)
+    value = to_mesh(variable._value.read_value(), mesh, spec)
+    variable._value = dtensor.DVariable(value, trainable=variable.trainable,
+                                        name=variable.name)
 
 
 def by_example(x, mesh):

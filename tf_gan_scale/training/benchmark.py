@@ -101,11 +101,41 @@ def time_fit(model, dataset, steps, warmup):
     return (stamps[-1] - stamps[warmup - 1]) / steps
 
 
+class MeshGan:
+    """The GAN of `config` (data of `shape`, `num_classes` classes) as `main --mesh`
+    prepares it for mesh `spec` ("batch:B,model:M"): config checked, `dims`, the GAN
+    built (plain weights, the run's seed), `nets` (G, D), the layout `overrides`, `plan`
+    {weight path: spec} and how many weights it splits; `place` moves it onto the mesh.
+    The one set-up of MeshRun and mesh_memory, so both measure the same placement."""
+
+    def __init__(self, config, shape, num_classes, spec):
+        mesh_runner.check_config(config)
+        self.dims = mesh_spec.parse(spec)
+        self.gan = build.build_gan(config, shape, num_classes)
+        self.nets = (self.gan.generator, self.gan.discriminator)
+        self.overrides = tuple(tuple(o) for o in config.parallel.layouts)
+        self.plan = layouts.plan(self.nets, self.dims, self.overrides)
+        self.split_weights = sum(any(s) for s in self.plan.values())
+
+    def place(self):
+        """A MeshTrainer of the GAN on a mesh of `dims`: weights by the plan, optimizer
+        slots like their weights, the step's state replicated. Traces nothing."""
+        return step_lib.MeshTrainer(self.gan, mesh_lib.make(self.dims), self.plan)
+
+
+def _per_device(variables, unit="bytes"):
+    """[bytes (unit "params": elements) device 0 holds, device 1, ...] of DTensor-backed
+    Keras variables, from their pieces' shapes (`tensors.local_shapes`)."""
+    pieces = [[int(np.prod(s)) * (np.dtype(v.dtype).itemsize if unit == "bytes" else 1)
+               for s in tensors.local_shapes(v)] for v in variables]
+    return [sum(device) for device in zip(*pieces)]
+
+
 class MeshRun:
     """Training on a DTensor mesh, timed like `time_fit`: the GAN of `config` built
     afresh (same seed: same initial weights as the strategy run), split by the layout
     policy, stepped by MeshTrainer with host batches moved onto the mesh, as `main --mesh`
-    runs it.
+    runs it (MeshGan).
 
     Args:
         costs: cost_model.network_costs of the GAN if another MeshRun has them (profiling
@@ -113,28 +143,26 @@ class MeshRun:
     """
 
     def __init__(self, config, source, input_fn, spec, costs=None):
-        self.dims, gan, plan = _mesh_gan(config, source.shape, source.num_classes, spec)
-        mesh = mesh_lib.make(self.dims)
-        nets = (gan.generator, gan.discriminator)
-        overrides = tuple(tuple(o) for o in config.parallel.layouts)
+        mesh_gan = MeshGan(config, source.shape, source.num_classes, spec)
+        self.dims, nets = mesh_gan.dims, mesh_gan.nets
         # What one device communicates per GAN step, from the cost model (on the plain
         # models, before MeshTrainer moves them): bytes of the tensors of each kind of
         # collective and bytes the device sends in ring collectives (cost_model).
         self.costs = costs or cost_model.network_costs(*nets, source.shape,
                                                        config.model.latent_dim)
         costs = cost_model.mesh_network_costs(*nets, source.shape, config.model.latent_dim,
-                                              self.dims, overrides, costs=self.costs)
-        per_device = config.train.global_batch_size // self.dims["batch"]
+                                              self.dims, mesh_gan.overrides,
+                                              costs=self.costs)
+        rows_per_shard = config.train.global_batch_size // self.dims["batch"]
         self.bytes = {kind: {k: int(v) for k, v in sizes.items()} for kind, sizes in
-                      cost_model.mesh_step_bytes(costs, self.dims, per_device,
+                      cost_model.mesh_step_bytes(costs, self.dims, rows_per_shard,
                                                  config.train.d_steps).items()}
-        self.trainer = step_lib.MeshTrainer(gan, mesh, plan)
+        self.trainer = mesh_gan.place()
         self.batches = self.trainer.batches(input_fn)
         self.d_steps = config.train.d_steps
         # Parameters on the first device: what a mesh saves in weight memory.
-        self.params = {net.name: sum(int(np.prod(tensors.local_shapes(w)[0]))
-                                     for w in net.weights) for net in nets}
-        self.split = sum(any(s) for s in plan.values())
+        self.params = {net.name: _per_device(net.weights, "params")[0] for net in nets}
+        self.split = mesh_gan.split_weights
 
     def time(self, steps, warmup):
         stamps = []
@@ -145,53 +173,28 @@ class MeshRun:
         return (stamps[-1] - stamps[warmup - 1]) / steps
 
 
-def _bytes_per_device(variables):
-    """[bytes device 0 holds, device 1, ...] of DTensor-backed Keras variables (its
-    pieces' shapes: `tensors.local_shapes`)."""
-    total = None
-    for v in variables:
-        size = np.dtype(v.dtype).itemsize
-        sizes = [int(np.prod(s)) * size for s in tensors.local_shapes(v)]
-        total = sizes if total is None else [a + b for a, b in zip(total, sizes)]
-    return total
-
-
-def _mesh_gan(config, shape, num_classes, spec):
-    """What `main --mesh` prepares before placing: the config checked for the mesh, the
-    mesh dims of `spec`, the GAN built (plain weights, same seed as any other run) and
-    its layout plan. Returns (dims, gan, plan)."""
-    mesh_runner.check_config(config)
-    dims = mesh_spec.parse(spec)
-    gan = build.build_gan(config, shape, num_classes)
-    plan = layouts.plan((gan.generator, gan.discriminator), dims,
-                        tuple(tuple(o) for o in config.parallel.layouts))
-    return dims, gan, plan
-
-
 def mesh_memory(config, shape, num_classes, spec):
     """What each device of mesh `spec` holds of the GAN of `config` for data of `shape`
-    with `num_classes` classes: built and placed as
-    `main --mesh` places it (weights by the layout plan, each optimizer slot like its
-    weight), NOT trained, so a model too big to train here can be measured.
+    with `num_classes` classes: built and placed as `main --mesh` places it (MeshGan:
+    weights by the layout plan, each optimizer slot like its weight), NOT trained, so a
+    model too big to train here can be measured.
 
     Returns {"mesh", "split_weights", "one_device": {"weights", "optimizer"} bytes,
     "per_device": {"weights", "optimizer"} [bytes of device i]} for G, D and their
     optimizers (Keras' own: Adam holds two slots per weight)."""
-    dims, gan, plan = _mesh_gan(config, shape, num_classes, spec)
-    nets = (gan.generator, gan.discriminator)
-    optimizers = (gan.g_optimizer, gan.d_optimizer)
+    mesh_gan = MeshGan(config, shape, num_classes, spec)
 
     def whole(variables):
         return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
 
-    weights = [w for net in nets for w in net.weights]
-    slots = [v for opt in optimizers for v in opt.variables]
+    weights = [w for net in mesh_gan.nets for w in net.weights]
+    slots = [v for opt in (mesh_gan.gan.g_optimizer, mesh_gan.gan.d_optimizer)
+             for v in opt.variables]
     one = {"weights": whole(weights), "optimizer": whole(slots)}
-    step_lib.MeshTrainer(gan, mesh_lib.make(dims), plan)  # Places; traces nothing.
-    return {"mesh": spec, "split_weights": sum(any(s) for s in plan.values()),
-            "one_device": one,
-            "per_device": {"weights": _bytes_per_device(weights),
-                           "optimizer": _bytes_per_device(slots)}}
+    mesh_gan.place()
+    return {"mesh": spec, "split_weights": mesh_gan.split_weights, "one_device": one,
+            "per_device": {"weights": _per_device(weights),
+                           "optimizer": _per_device(slots)}}
 
 
 def _timed(times, gb, d_steps):
