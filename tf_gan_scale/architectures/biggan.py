@@ -67,6 +67,7 @@ Each kernel gets its own initializer instance, so `keras.utils.set_random_seed` 
 builds reproducible.
 """
 
+import collections
 import math
 
 import keras
@@ -142,6 +143,8 @@ class _Builder:
 
 
 def _g_block(b, x, ch, c):
+    """G's up-block (BigGAN-PyTorch `GBlock`): [B, r, r, c_in] -> [B, 2r, 2r, ch]; cBN on
+    condition c (plain batch norm if None), shortcut Upsample -> Conv 1x1."""
     h = keras.layers.ReLU()(b.norm(x, c))
     h = keras.layers.UpSampling2D(2)(h)
     h = b.conv(ch, 3)(h)
@@ -181,6 +184,177 @@ def _resolution_error(data_shape, g_channels, bottom_width=4):
     sizes = ", ".join(f"{r}x{r}" for r in PRESETS)
     return errors.ConfigError(f"biggan supports {sizes} (and any bottom_width*2**k with "
                               f"g_channels of length k); Received: {shape}")
+
+
+def _check_options(num_classes, init, **positive):
+    """int(num_classes) after checking it (>= 0), init (INITS) and every `positive` option
+    (an int >= 1, or None for the preset's); ConfigError echoing the bad value."""
+    if not errors.is_int(num_classes) or num_classes < 0:
+        raise errors.ConfigError(f"biggan num_classes must be an int >= 0; "
+                                 f"Received: num_classes={num_classes!r}")
+    errors.choose("biggan init", init, {i: i for i in INITS})
+    for key, value in positive.items():
+        if value is not None and (not errors.is_int(value) or value < 1):
+            raise errors.ConfigError(f"biggan {key} must be an int >= 1; "
+                                     f"Received: {key}={value!r}")
+    return int(num_classes)
+
+
+class _Table(collections.namedtuple("_Table", [
+        "data_shape", "latent_dim", "num_classes", "ch", "bottom_width", "g_channels",
+        "d_channels", "d_downsample", "attention", "shared_dim", "hier", "g_res", "d_res",
+        "slots"])):
+    """A BigGAN pair's architecture table, presets applied (BigGAN-PyTorch `G_arch` /
+    `D_arch`): G block i outputs [g_res[i], g_res[i], ch * g_channels[i]], D block j
+    [d_res[j], d_res[j], ch * d_channels[j]]; attention: a resolution (0: none); slots:
+    chunks of z (one per G block plus the stem's when hier, else 1)."""
+    __slots__ = ()
+
+
+def _stage_channels(data_shape, g_channels, d_channels, bottom_width):
+    """(preset or None, g_channels, d_channels): checked, or the resolution's preset
+    (d_channels: the preset's, else reversed g_channels)."""
+    if g_channels is not None:
+        g_channels = _multipliers("g_channels", g_channels)
+    if d_channels is not None:
+        d_channels = _multipliers("d_channels", d_channels)
+    if len(data_shape) != 3 or data_shape[0] != data_shape[1] or data_shape[2] < 1:
+        raise _resolution_error(data_shape, g_channels, bottom_width)
+    res = data_shape[0]
+    preset = PRESETS.get(res) if bottom_width == 4 else None
+    if g_channels is None:
+        if preset is None:
+            raise _resolution_error(data_shape, g_channels, bottom_width)
+        g_channels = preset["g_channels"]
+    elif res != bottom_width * 2 ** len(g_channels):
+        raise _resolution_error(data_shape, g_channels, bottom_width)
+    if d_channels is None:
+        d_channels = preset["d_channels"] if preset else tuple(reversed(g_channels))
+    return preset, g_channels, d_channels
+
+
+def _table(data_shape, *, latent_dim, num_classes, ch, g_channels, d_channels, d_downsample,
+           attention, shared_dim, hier, bottom_width):
+    """The checked _Table of `build`'s arguments (None: the preset's); ConfigError else."""
+    preset, g_channels, d_channels = _stage_channels(data_shape, g_channels, d_channels,
+                                                     bottom_width)
+    res = data_shape[0]
+    max_down = min(len(d_channels), int(math.log2(res)))
+    if d_downsample is None:
+        # Down to the bottom width (log2(res / bottom_width) halvings).
+        d_downsample = min(preset["d_downsample"] if preset else
+                           (res // bottom_width).bit_length() - 1, len(d_channels))
+    if not errors.is_int(d_downsample) or not 0 <= d_downsample <= max_down:
+        raise errors.ConfigError(f"biggan d_downsample must be in [0, {max_down}] (D blocks, "
+                                 f"halvings of {res}); Received: d_downsample={d_downsample!r}")
+    if ch is None:
+        ch = preset["ch"] if preset else 64
+    # The resolution each block outputs, in G and in D.
+    g_res = tuple(bottom_width * 2 ** (i + 1) for i in range(len(g_channels)))
+    d_res = tuple(res >> min(j + 1, d_downsample) for j in range(len(d_channels)))
+    if attention is None:
+        attention = preset["attention"] if preset else 0
+    valid = sorted(set(g_res) & set(d_res))
+    if attention != 0 and attention not in valid:
+        raise errors.ConfigError(
+            f"biggan attention must be 0 (none) or a resolution that a G block and a D block "
+            f"both output: {', '.join(map(str, valid)) or 'none here'}; "
+            f"Received: attention={attention!r}")
+    slots = len(g_channels) + 1 if hier else 1
+    if latent_dim < slots:
+        raise errors.ConfigError(
+            f"biggan with hier=True splits z into {slots} chunks (one per G block plus one); "
+            f"latent_dim must be >= {slots}; Received: latent_dim={latent_dim}")
+    return _Table(data_shape, latent_dim, num_classes, ch, bottom_width, g_channels,
+                  d_channels, d_downsample, attention, shared_dim, hier, g_res, d_res, slots)
+
+
+def _g_inputs(t, b):
+    """G's inputs and what its stages read: (inputs, z0 [B, |chunk 0|] for the stem, one
+    condition per G block: [B, shared_dim + |chunk i+1|] / [B, shared_dim] / [B, |chunk|],
+    or None (plain batch norm) when unconditional without hier). Module docstring."""
+    z = keras.Input((t.latent_dim,), name="z")
+    inputs = [z]
+    shared = None
+    if t.num_classes:
+        labels = keras.Input((), dtype="int32", name="labels")
+        inputs.append(labels)
+        # Not spectrally normalized (BigGAN-PyTorch); one embedding for every block.
+        shared = keras.layers.Embedding(t.num_classes, t.shared_dim, name="shared",
+                                        embeddings_initializer=_initializer(b.init))(labels)
+    if not t.hier:
+        return inputs, z, [shared] * len(t.g_channels)
+    chunks = Split(_chunk_sizes(t.latent_dim, t.slots), name="z_chunks")(z)
+    conds = [keras.layers.Concatenate()([shared, zc]) if t.num_classes else zc
+             for zc in chunks[1:]]
+    return inputs, chunks[0], conds
+
+
+def _g_stem(b, t, z0):
+    """Linear z0 -> [B, bottom_width, bottom_width, ch * g_channels[0]] (G's first row)."""
+    c0 = t.ch * t.g_channels[0]
+    x = b.dense(t.bottom_width * t.bottom_width * c0)(z0)
+    return keras.layers.Reshape((t.bottom_width, t.bottom_width, c0))(x)
+
+
+def _g_head(b, x, channels):
+    """BN -> ReLU -> Conv 3x3 -> tanh: [B, H, H, c] -> image [B, H, H, channels] (OUTPUT)."""
+    x = keras.layers.ReLU()(b.norm(x, None))
+    x = b.conv(channels, 3)(x)
+    return keras.layers.Activation("tanh", dtype=OUTPUT)(x)
+
+
+def _generator(t, b):
+    """G as the table of Brock et al. 2018 (Appendix B, Table 4 for 128x128; BigGAN-PyTorch
+    `G_arch`): z [B, latent_dim] (+ labels [B]) -> stem [B, bw, bw, ch * g_channels[0]] ->
+    one up-block per stage i ([B, g_res[i], g_res[i], ch * g_channels[i]]), self-attention
+    after the stage at `attention` -> head -> [B, H, H, C] in [-1, 1]."""
+    inputs, z0, conds = _g_inputs(t, b)
+    x = _g_stem(b, t, z0)
+    for mult, c, r in zip(t.g_channels, conds, t.g_res):
+        x = _g_block(b, x, t.ch * mult, c)
+        if r == t.attention:
+            x = b.attention()(x)
+    x = _g_head(b, x, t.data_shape[-1])
+    return keras.Model(inputs if t.num_classes else inputs[0], x, name="generator")
+
+
+def _d_head(b, t, h):
+    """ReLU -> global SUM pool -> Dense 1, plus the projection sum(embed(labels) * h)
+    (Miyato & Koyama 2018) when conditional: [B, r, r, F] -> (labels Input or None,
+    logits [B, 1] OUTPUT)."""
+    h = keras.layers.ReLU()(h)
+    # Global SUM pooling (SNGAN/BigGAN): the mean times the number of positions.
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    h = keras.layers.Rescaling(float(t.d_res[-1] ** 2))(h)
+    logits = b.dense(1, dtype=OUTPUT)(h)
+    if not t.num_classes:
+        return None, logits
+    d_labels = keras.Input((), dtype="int32", name="labels")
+    one_hot = keras.layers.CategoryEncoding(t.num_classes, output_mode="one_hot")(d_labels)
+    # One-hot @ kernel [num_classes, F] = embedding lookup, spectrally normalized
+    # (Keras' wrapper on an Embedding would cast its output to int32: module docstring).
+    embed = b.dense(h.shape[-1], use_bias=False)(one_hot)
+    projection = keras.layers.Dot(axes=1)([embed, h])  # sum(embed(y) * h): [B, 1].
+    return d_labels, keras.layers.Add(dtype=OUTPUT)([logits, projection])
+
+
+def _discriminator(t, b):
+    """D as the table of Brock et al. 2018 (Appendix B, Table 4 for 128x128; BigGAN-PyTorch
+    `D_arch`): x [B, H, H, C] -> one down-block per stage j ([B, d_res[j], d_res[j],
+    ch * d_channels[j]]; the first d_downsample halve), self-attention after the FIRST
+    stage at `attention` -> head -> logits [B, 1] (+ projection of labels [B])."""
+    image = keras.Input(t.data_shape, name="x")
+    h = image
+    # Attention after the FIRST block at that resolution (blocks past d_downsample repeat it).
+    attend = t.d_res.index(t.attention) if t.attention in t.d_res else None
+    for j, mult in enumerate(t.d_channels):
+        h = d_block(h, t.ch * mult, b.conv, down=j < t.d_downsample, first=j == 0)
+        if j == attend:
+            h = b.attention()(h)
+    d_labels, logits = _d_head(b, t, h)
+    inputs = image if d_labels is None else [image, d_labels]
+    return keras.Model(inputs, logits, name="discriminator")
 
 
 def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_channels=None,
@@ -228,118 +402,16 @@ def build(*, data_shape, latent_dim, num_classes=0, ch=None, g_channels=None, d_
         >>> x = g([z, labels]); logits = d([x, labels])
     """
     data_shape = tuple(data_shape)
-    if not errors.is_int(num_classes) or num_classes < 0:
-        raise errors.ConfigError(f"biggan num_classes must be an int >= 0; "
-                                 f"Received: num_classes={num_classes!r}")
-    num_classes = int(num_classes)
-    errors.choose("biggan init", init, {i: i for i in INITS})
-    for key, value in (("ch", ch), ("shared_dim", shared_dim), ("bottom_width", bottom_width),
-                       ("power_iterations", power_iterations), ("latent_dim", latent_dim)):
-        if value is not None and (not errors.is_int(value) or value < 1):
-            raise errors.ConfigError(f"biggan {key} must be an int >= 1; "
-                                     f"Received: {key}={value!r}")
-    if g_channels is not None:
-        g_channels = _multipliers("g_channels", g_channels)
-    if d_channels is not None:
-        d_channels = _multipliers("d_channels", d_channels)
-    if len(data_shape) != 3 or data_shape[0] != data_shape[1] or data_shape[2] < 1:
-        raise _resolution_error(data_shape, g_channels, bottom_width)
-    res = data_shape[0]
-    preset = PRESETS.get(res) if bottom_width == 4 else None
-    if g_channels is None:
-        if preset is None:
-            raise _resolution_error(data_shape, g_channels, bottom_width)
-        g_channels = preset["g_channels"]
-    elif res != bottom_width * 2 ** len(g_channels):
-        raise _resolution_error(data_shape, g_channels, bottom_width)
-    if d_channels is None:
-        d_channels = preset["d_channels"] if preset else tuple(reversed(g_channels))
-    max_down = min(len(d_channels), int(math.log2(res)))
-    if d_downsample is None:
-        # Down to the bottom width (log2(res / bottom_width) halvings).
-        d_downsample = min(preset["d_downsample"] if preset else
-                           (res // bottom_width).bit_length() - 1, len(d_channels))
-    if not errors.is_int(d_downsample) or not 0 <= d_downsample <= max_down:
-        raise errors.ConfigError(f"biggan d_downsample must be in [0, {max_down}] (D blocks, "
-                                 f"halvings of {res}); Received: d_downsample={d_downsample!r}")
-    if ch is None:
-        ch = preset["ch"] if preset else 64
-    # The resolution each block outputs, in G and in D.
-    g_res = [bottom_width * 2 ** (i + 1) for i in range(len(g_channels))]
-    d_res = [res >> min(j + 1, d_downsample) for j in range(len(d_channels))]
-    if attention is None:
-        attention = preset["attention"] if preset else 0
-    valid = sorted(set(g_res) & set(d_res))
-    if attention != 0 and attention not in valid:
-        raise errors.ConfigError(
-            f"biggan attention must be 0 (none) or a resolution that a G block and a D block "
-            f"both output: {', '.join(map(str, valid)) or 'none here'}; "
-            f"Received: attention={attention!r}")
-    slots = len(g_channels) + 1 if hier else 1
-    if latent_dim < slots:
-        raise errors.ConfigError(
-            f"biggan with hier=True splits z into {slots} chunks (one per G block plus one); "
-            f"latent_dim must be >= {slots}; Received: latent_dim={latent_dim}")
-    conditional = num_classes > 0
-    channels = data_shape[-1]
-
-    # ---- Generator.
-    gb = _Builder(sn=g_spectral_norm, power_iterations=power_iterations, init=init,
-                  sync_bn=sync_bn)
-    z = keras.Input((latent_dim,), name="z")
-    inputs = [z]
-    shared = None
-    if conditional:
-        labels = keras.Input((), dtype="int32", name="labels")
-        inputs.append(labels)
-        # Not spectrally normalized (BigGAN-PyTorch); one embedding for every block.
-        shared = keras.layers.Embedding(num_classes, shared_dim, name="shared",
-                                        embeddings_initializer=_initializer(init))(labels)
-    if hier:
-        chunks = Split(_chunk_sizes(latent_dim, slots), name="z_chunks")(z)
-        z0 = chunks[0]
-        conds = [keras.layers.Concatenate()([shared, zc]) if conditional else zc
-                 for zc in chunks[1:]]
-    else:
-        z0 = z
-        conds = [shared] * len(g_channels)  # None when unconditional: plain batch norm.
-    c0 = ch * g_channels[0]
-    x = gb.dense(bottom_width * bottom_width * c0)(z0)
-    x = keras.layers.Reshape((bottom_width, bottom_width, c0))(x)
-    for mult, c, r in zip(g_channels, conds, g_res):
-        x = _g_block(gb, x, ch * mult, c)
-        if r == attention:
-            x = gb.attention()(x)
-    x = keras.layers.ReLU()(gb.norm(x, None))
-    x = gb.conv(channels, 3)(x)
-    x = keras.layers.Activation("tanh", dtype=OUTPUT)(x)
-    generator = keras.Model(inputs if conditional else z, x, name="generator")
-
-    # ---- Discriminator.
-    db = _Builder(sn=d_spectral_norm, power_iterations=power_iterations, init=init,
-                  sync_bn=sync_bn)
-    image = keras.Input(data_shape, name="x")
-    h = image
-    placed = False
-    for j, (mult, r) in enumerate(zip(d_channels, d_res)):
-        h = d_block(h, ch * mult, db.conv, down=j < d_downsample, first=j == 0)
-        if r == attention and not placed:
-            h = db.attention()(h)
-            placed = True
-    h = keras.layers.ReLU()(h)
-    # Global SUM pooling (SNGAN/BigGAN): the mean times the number of positions.
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    h = keras.layers.Rescaling(float(d_res[-1] ** 2))(h)
-    logits = db.dense(1, dtype=OUTPUT)(h)
-    if conditional:
-        d_labels = keras.Input((), dtype="int32", name="labels")
-        one_hot = keras.layers.CategoryEncoding(num_classes, output_mode="one_hot")(d_labels)
-        # One-hot @ kernel [num_classes, F] = embedding lookup, spectrally normalized
-        # (Keras' wrapper on an Embedding would cast its output to int32: module docstring).
-        embed = db.dense(h.shape[-1], use_bias=False)(one_hot)
-        projection = keras.layers.Dot(axes=1)([embed, h])  # sum(embed(y) * h): [B, 1].
-        logits = keras.layers.Add(dtype=OUTPUT)([logits, projection])
-        discriminator = keras.Model([image, d_labels], logits, name="discriminator")
-    else:
-        discriminator = keras.Model(image, logits, name="discriminator")
-    return generator, discriminator
+    num_classes = _check_options(num_classes, init, ch=ch, shared_dim=shared_dim,
+                                 bottom_width=bottom_width, power_iterations=power_iterations,
+                                 latent_dim=latent_dim)
+    table = _table(data_shape, latent_dim=latent_dim, num_classes=num_classes, ch=ch,
+                   g_channels=g_channels, d_channels=d_channels, d_downsample=d_downsample,
+                   attention=attention, shared_dim=shared_dim, hier=hier,
+                   bottom_width=bottom_width)
+    g = _Builder(sn=g_spectral_norm, power_iterations=power_iterations, init=init,
+                 sync_bn=sync_bn)
+    generator = _generator(table, g)
+    d = _Builder(sn=d_spectral_norm, power_iterations=power_iterations, init=init,
+                 sync_bn=sync_bn)
+    return generator, _discriminator(table, d)

@@ -344,6 +344,93 @@ def _check(data_shape, d_architecture, mbstd_group, mbstd_chunk, fmaps, channel_
                                  f"fmaps must be >= {r / 32768}")
 
 
+def _generator(data_shape, latent_dim, num_classes, *, mapping, synthesis):
+    """G as stylegan2-ada-pytorch `Generator` (networks.py; Karras et al. 2020, Fig. 7b skip):
+    z [B, latent_dim] (+ labels int32 [B]) -> MappingNetwork (`mapping` kwargs) -> w
+    [B, w_dim] -> broadcast ws [B, num_ws, w_dim] -> SynthesisNetwork (`synthesis` kwargs:
+    its per-resolution blocks b4..bR) -> image [B, R, R, C] float32."""
+    z = keras.Input((latent_dim,), name="z")
+    inputs = z
+    if num_classes > 0:
+        labels = keras.Input((), dtype="int32", name="labels")
+        inputs = [z, labels]
+    w = MappingNetwork(z_dim=latent_dim, c_dim=num_classes, name="mapping", **mapping)(inputs)
+    ws = keras.layers.RepeatVector(num_ws(data_shape[0]), name="broadcast", dtype="float32")(w)
+    img = SynthesisNetwork(resolution=data_shape[0], img_channels=data_shape[2],
+                           name="synthesis", **synthesis)(ws)
+    return keras.Model(inputs, img, name="generator")
+
+
+def _d_block(x, r, tmp, out, *, first, resnet, conv_clamp, dtype):
+    """D's block at r (networks.py:DiscriminatorBlock, 'resnet' or 'orig'): [B, r, r, C or
+    tmp] -> [fromrgb 1x1 lrelu: B, r, r, tmp, first block only] -> conv0 3x3 [B, r, r, tmp]
+    -> conv1 3x3 down 2 [B, r/2, r/2, out], plus (resnet) skip 1x1 down 2 without bias;
+    both gains sqrt 1/2 when resnet. dtype: `block_dtype` (None: the run's policy)."""
+    half = float(np.sqrt(0.5))
+    dtype = {"dtype": dtype}
+    if first:
+        x = EqualizedConv2D(tmp, 1, "lrelu", conv_clamp=conv_clamp, name=f"b{r}_fromrgb",
+                            **dtype)(x)
+    if resnet:
+        y = EqualizedConv2D(out, 1, down=2, use_bias=False, gain=half, name=f"b{r}_skip",
+                            **dtype)(x)
+    x = EqualizedConv2D(tmp, 3, "lrelu", conv_clamp=conv_clamp, name=f"b{r}_conv0",
+                        **dtype)(x)
+    x = EqualizedConv2D(out, 3, "lrelu", down=2, gain=half if resnet else 1.0,
+                        conv_clamp=conv_clamp, name=f"b{r}_conv1", **dtype)(x)
+    if resnet:
+        x = keras.layers.Add(name=f"b{r}_add", **dtype)([y, x])
+    return x
+
+
+def _d_epilogue(x, c4, out_dim, *, mbstd_group, mbstd_chunk, conv_clamp):
+    """D's 4x4 epilogue (networks.py:DiscriminatorEpilogue), float32 as the official:
+    [B, 4, 4, c4] -> minibatch stddev [B, 4, 4, c4 + 1] -> conv 3x3 [B, 4, 4, c4] ->
+    fc [B, c4] -> out [B, out_dim] (OUTPUT)."""
+    x = MinibatchStd(mbstd_group, mbstd_chunk, name="b4_mbstd", dtype="float32")(x)
+    x = EqualizedConv2D(c4, 3, "lrelu", conv_clamp=conv_clamp, name="b4_conv",
+                        dtype="float32")(x)
+    x = keras.layers.Flatten(name="b4_flatten", dtype="float32")(x)
+    x = EqualizedDense(c4, "lrelu", name="b4_fc", dtype="float32")(x)
+    return EqualizedDense(out_dim, name="b4_out", dtype=OUTPUT)(x)
+
+
+def _d_projection(x, num_classes, cmap_dim, mapping_lr_mul):
+    """The conditional head (networks.py:DiscriminatorEpilogue with cmap): (labels Input,
+    sum(out * cmap) / sqrt(cmap_dim) [B, 1]) for out [B, cmap_dim], cmap [B, cmap_dim] from
+    an 8-layer mapping of the labels (z_dim 0)."""
+    d_labels = keras.Input((), dtype="int32", name="labels")
+    cmap = MappingNetwork(z_dim=0, c_dim=num_classes, w_dim=cmap_dim, num_layers=8,
+                          lr_mul=mapping_lr_mul, w_avg_beta=None, name="mapping")(d_labels)
+    x = keras.layers.Dot(axes=1, name="projection", dtype=OUTPUT)([x, cmap])
+    x = keras.layers.Rescaling(1.0 / float(np.sqrt(cmap_dim)), name="cmap_scale",
+                               dtype=OUTPUT)(x)
+    return d_labels, x
+
+
+def _discriminator(data_shape, num_classes, *, widths, d_architecture, conv_clamp,
+                   num_fp16_res, mbstd_group, mbstd_chunk, mapping_lr_mul):
+    """D as stylegan2-ada-pytorch `Discriminator` (networks.py; Karras et al. 2020, Fig. 7c
+    residual): x [B, R, R, C] -> one block per resolution r = R, R/2, .., 8 ([B, r/2, r/2,
+    ch(r/2)]) -> 4x4 epilogue -> logits [B, 1] float32 (+ cmap projection of labels [B]).
+    widths: {fmaps, channel_max} of `channels`."""
+    res = data_shape[0]
+    ch = lambda r: channels(r, **widths)  # noqa: E731
+    image = keras.Input(data_shape, name="x")
+    x = image
+    for r in (2 ** k for k in range(int(math.log2(res)), 2, -1)):
+        x = _d_block(x, r, ch(r), ch(r // 2), first=r == res,
+                     resnet=d_architecture == "resnet", conv_clamp=conv_clamp,
+                     dtype=block_dtype(r, res, num_fp16_res))
+    cmap_dim = ch(4) if num_classes > 0 else 0
+    x = _d_epilogue(x, ch(4), cmap_dim or 1, mbstd_group=mbstd_group,
+                    mbstd_chunk=mbstd_chunk, conv_clamp=conv_clamp)
+    if num_classes <= 0:
+        return keras.Model(image, x, name="discriminator")
+    d_labels, x = _d_projection(x, num_classes, cmap_dim, mapping_lr_mul)
+    return keras.Model([image, d_labels], x, name="discriminator")
+
+
 def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layers=8,
           fmaps=1.0, channel_max=512, mbstd_group=4, mbstd_chunk=0, d_architecture="resnet",
           conv_clamp=None, mapping_lr_mul=0.01, w_avg_beta=0.995, seed=0, num_fp16_res=0):
@@ -384,66 +471,15 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
         raise errors.ConfigError(f"stylegan2 num_fp16_res must be an integer >= 0 (the "
                                  f"official presets: 4); Received: num_fp16_res="
                                  f"{num_fp16_res!r}")
-    res, img_channels = data_shape[0], data_shape[2]
-    ch = lambda r: channels(r, fmaps, channel_max)  # noqa: E731
-    conditional = num_classes > 0
-
-    # ---- Generator.
-    z = keras.Input((latent_dim,), name="z")
-    inputs = z
-    if conditional:
-        labels = keras.Input((), dtype="int32", name="labels")
-        inputs = [z, labels]
-    mapping = MappingNetwork(z_dim=latent_dim, c_dim=num_classes, w_dim=w_dim,
-                             num_layers=mapping_layers, lr_mul=mapping_lr_mul,
-                             w_avg_beta=w_avg_beta, name="mapping")
-    w = mapping(inputs)
-    ws = keras.layers.RepeatVector(num_ws(res), name="broadcast", dtype="float32")(w)
-    synthesis = SynthesisNetwork(resolution=res, img_channels=img_channels, w_dim=w_dim,
-                                 fmaps=fmaps, channel_max=channel_max, conv_clamp=conv_clamp,
-                                 seed=seed, num_fp16_res=num_fp16_res, name="synthesis")
-    img = synthesis(ws)
-    generator = keras.Model(inputs, img, name="generator")
-
-    # ---- Discriminator.
-    image = keras.Input(data_shape, name="x")
-    x = image
-    resnet = d_architecture == "resnet"
-    half = float(np.sqrt(0.5))
-    r = res
-    while r > 4:
-        tmp, out = ch(r), ch(r // 2)
-        dtype = {"dtype": block_dtype(r, res, num_fp16_res)}
-        if r == res:
-            x = EqualizedConv2D(tmp, 1, "lrelu", conv_clamp=conv_clamp,
-                                name=f"b{r}_fromrgb", **dtype)(x)
-        if resnet:
-            y = EqualizedConv2D(out, 1, down=2, use_bias=False, gain=half, name=f"b{r}_skip",
-                                **dtype)(x)
-        x = EqualizedConv2D(tmp, 3, "lrelu", conv_clamp=conv_clamp, name=f"b{r}_conv0",
-                            **dtype)(x)
-        x = EqualizedConv2D(out, 3, "lrelu", down=2, gain=half if resnet else 1.0,
-                            conv_clamp=conv_clamp, name=f"b{r}_conv1", **dtype)(x)
-        if resnet:
-            x = keras.layers.Add(name=f"b{r}_add", **dtype)([y, x])
-        r //= 2
-    c4 = ch(4)
-    cmap_dim = c4 if conditional else 0
-    # The epilogue stays float32 (official).
-    x = MinibatchStd(mbstd_group, mbstd_chunk, name="b4_mbstd", dtype="float32")(x)
-    x = EqualizedConv2D(c4, 3, "lrelu", conv_clamp=conv_clamp, name="b4_conv",
-                        dtype="float32")(x)
-    x = keras.layers.Flatten(name="b4_flatten", dtype="float32")(x)
-    x = EqualizedDense(c4, "lrelu", name="b4_fc", dtype="float32")(x)
-    x = EqualizedDense(cmap_dim or 1, name="b4_out", dtype=OUTPUT)(x)
-    if conditional:
-        d_labels = keras.Input((), dtype="int32", name="labels")
-        cmap = MappingNetwork(z_dim=0, c_dim=num_classes, w_dim=cmap_dim, num_layers=8,
-                              lr_mul=mapping_lr_mul, w_avg_beta=None, name="mapping")(d_labels)
-        x = keras.layers.Dot(axes=1, name="projection", dtype=OUTPUT)([x, cmap])
-        x = keras.layers.Rescaling(1.0 / float(np.sqrt(cmap_dim)), name="cmap_scale",
-                                   dtype=OUTPUT)(x)
-        discriminator = keras.Model([image, d_labels], x, name="discriminator")
-    else:
-        discriminator = keras.Model(image, x, name="discriminator")
+    widths = {"fmaps": fmaps, "channel_max": channel_max}
+    generator = _generator(
+        data_shape, latent_dim, num_classes,
+        mapping={"w_dim": w_dim, "num_layers": mapping_layers, "lr_mul": mapping_lr_mul,
+                 "w_avg_beta": w_avg_beta},
+        synthesis={"w_dim": w_dim, **widths, "conv_clamp": conv_clamp, "seed": seed,
+                   "num_fp16_res": num_fp16_res})
+    discriminator = _discriminator(
+        data_shape, num_classes, widths=widths, d_architecture=d_architecture,
+        conv_clamp=conv_clamp, num_fp16_res=num_fp16_res, mbstd_group=mbstd_group,
+        mbstd_chunk=mbstd_chunk, mapping_lr_mul=mapping_lr_mul)
     return generator, discriminator
