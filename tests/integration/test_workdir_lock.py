@@ -4,6 +4,7 @@ first finishes unharmed; a kill -9'd holder is taken over and its run resumed; a
 cluster is refused by every one of its workers, none hangs. The decision logic itself:
 tests/training/test_run_lock.py (default tier)."""
 
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,20 @@ def wait_for(what, proc, timeout=120):
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def training(workdir, log):
+    """The first run (`start`), yielded once it has saved ckpt-10 (so it holds the
+    workdir and trains on); killed on the way out if it still runs."""
+    first = start(workdir, log)
+    try:
+        wait_for(lambda: os.path.exists(workdir / "checkpoints" / "ckpt-10.index"), first)
+        yield first
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
 def holder(workdir):
     with open(workdir / run_lock.LOCK_FILE) as f:
         return json.load(f)
@@ -55,9 +70,7 @@ def checkpoints(workdir):
 def test_a_second_run_is_refused_naming_the_first_which_finishes_unharmed(tmp_path):
     workdir = tmp_path / "run"
     with open(tmp_path / "first.log", "w+") as log:
-        first = start(workdir, log)
-        try:
-            wait_for(lambda: os.path.exists(workdir / "checkpoints" / "ckpt-10.index"), first)
+        with training(workdir, log) as first:
             pid = holder(workdir)["pid"]
             second = run_cmd(command(workdir, "--config.seed=9"))
             assert first.poll() is None, "the first run ended before the second was refused"
@@ -69,10 +82,6 @@ def test_a_second_run_is_refused_naming_the_first_which_finishes_unharmed(tmp_pa
             assert lines[-1].endswith("valid: wait for it to finish, stop it, or use "
                                       "another --workdir")
             assert first.wait(300) == 0
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
         log.seek(0)
         out = log.read()
     # One consistent history: the first run's, to its last step, and its config (seed 0).
@@ -87,13 +96,9 @@ def test_a_second_run_is_refused_naming_the_first_which_finishes_unharmed(tmp_pa
 def test_a_killed_holder_is_taken_over_and_its_run_resumed(tmp_path):
     workdir = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        first = start(workdir, log)
-        try:
-            wait_for(lambda: os.path.exists(workdir / "checkpoints" / "ckpt-10.index"), first)
+        with training(workdir, log) as first:
             pid = holder(workdir)["pid"]
             first.send_signal(signal.SIGKILL)  # (The warm-start client passes it on.)
-        finally:
-            first.kill()
             first.wait()
     deadline = time.monotonic() + 30
     while run_lock.pid_alive(pid):
@@ -140,15 +145,9 @@ def test_a_run_ended_by_sigterm_or_a_nan_releases_the_workdir(tmp_path):
     the restart or the next command finds the workdir free at once."""
     workdir = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        first = start(workdir, log)
-        try:
-            wait_for(lambda: os.path.exists(workdir / "checkpoints" / "ckpt-10.index"), first)
+        with training(workdir, log) as first:
             first.send_signal(signal.SIGTERM)
             assert first.wait(120) == 143
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
     assert not os.path.exists(workdir / run_lock.LOCK_FILE)
     nan = run_cmd([*command(tmp_path / "nan"), "--config.train.d_optimizer.learning_rate=1e8"])
     assert nan.returncode == 1 and "error: non-finite" in nan.stderr, nan.stderr[-3000:]
