@@ -1,6 +1,9 @@
 """StyleGAN2 (Karras et al. 2020) as in stylegan2-ada-pytorch (training/networks.py).
 
 Formulas, constants and the official file:function of each part: docs/stylegan2.md.
+Over the house's 450 lines: the networks (MappingNetwork, SynthesisNetwork) and the
+builders that read as the official architecture are one architecture, kept whole until
+issue 53 moves the two networks to a module of their own.
 
 G (functional, name "generator"): z [B, latent_dim] (+ labels int32 [B]) -> `mapping`
 (MappingNetwork: w [B, w_dim]) -> `broadcast` (RepeatVector: ws [B, num_ws, w_dim]) ->
