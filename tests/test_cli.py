@@ -104,7 +104,7 @@ IN_PROCESS = [
     (["--config.data.source=npz:/no/such.npz"], "npz file not found: '/no/such.npz'"),
     (["--config.train.loss=hinj"], "unknown loss 'hinj'; valid: hinge, least_squares"),
     (["--config.model.name=stylegan"],
-     "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet, stylegan2"),
+     "unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, r3gan, resnet, stylegan2"),
     (["--config.model.latent_dim=7"], "holds checkpoints trained with another config "
                                       "(model.latent_dim: 16 -> 7); valid:"),
     (["--config.model.latent_dim=7", "--allow_changes=model.latent_dim"],

@@ -15,7 +15,10 @@ SHAPES = {"embedded:digits": (8, 8, 1), "tfds:mnist": (28, 28, 1), "toy:grid25":
           "tfds:cifar10": (32, 32, 3), "tfds:imagenet2012@128": (128, 128, 3),
           "arrayrecord:/data/ffhq256": (256, 256, 3),
           "arrayrecord:/data/ffhq1024": (1024, 1024, 3),
-          "arrayrecord:/work/data/mnist32": (32, 32, 1)}
+          "arrayrecord:/work/data/mnist32": (32, 32, 1),
+          "arrayrecord:/data/ffhq64": (64, 64, 3),
+          "tfds:imagenet_resized/32x32": (32, 32, 3),
+          "tfds:imagenet_resized/64x64": (64, 64, 3)}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -26,6 +29,8 @@ def test_config(path):
     training.validate(config, num_replicas=1)
     if config.model.name == "biggan" and config.data.source.startswith("tfds:imagenet"):
         return  # 158M parameters: built with tiny widths in tests/integration/test_recipes.py.
+    if config.model.name == "r3gan" and config.data.source.startswith("tfds:imagenet"):
+        return  # 166M / 211M parameters: built (slow tier) in tests/architectures/test_r3gan.py.
     classes = training.num_classes(config, 10)
     g, d = architectures.build(config.model.name, data_shape=SHAPES[config.data.source],
                                latent_dim=config.model.latent_dim, num_classes=classes,

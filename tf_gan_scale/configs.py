@@ -10,6 +10,8 @@ Numeric keys are range-checked by `training.validate` before a run touches its w
 (e.g. log_every >= 1, checkpoint_every >= 0, 0 <= d_dropout < 1, learning_rate > 0).
 """
 
+import math
+
 import ml_collections
 
 from tf_gan_scale import data, errors
@@ -80,6 +82,11 @@ def base():
     c.train.lecam_weight = 0.0        # LeCam regularization (Tseng et al. 2021).
     c.train.lecam_decay = 0.99
     c.train.ortho_weight = 0.0        # BigGAN's orthogonal regularization of G.
+    # R3GAN's cosine schedules in images (schedules.py): each (base, final) takes the
+    # place of the key it names, over `images` images seen; () = that key stays constant.
+    c.train.cosine = ml_collections.ConfigDict(
+        {"images": 0.0, "learning_rate": (), "beta_2": (), "penalty_weight": (),
+         "ema_kimg": (), "ada_p": ()})
     # Steps per call of the step function (fewer host round trips); 0 = auto: the largest
     # k <= 10 that divides num_steps, log_every and every nonzero event interval
     # (training.steps_per_execution), so logs, grids, checkpoints and scores still fall on
@@ -184,6 +191,76 @@ def stylegan2(preset):
     t.grad_nan_to_num = True  # training_loop.py: misc.nan_to_num on every gradient.
     t.ema.kimg, t.ema.rampup = ema, ramp
     t.augment = "ada"
+    c.eval.num_samples = 50_000  # fid50k_full: 50k fakes against every real image.
+    c.eval.num_real = -1
+    return c
+
+
+# ---- R3GAN presets ------------------------------------------------------------------------
+
+# The official presets (brownvc/R3GAN train.py:178-279, README.md launch commands), frozen.
+# Widths / blocks / cardinality are G's, 4x4 first (D takes them reversed); bf16 = the
+# stages the official runs in bfloat16 (G's last, D's first). gamma is the R1 = R2 weight
+# at the start of its cosine schedule (penalty_weight = gamma / 2).
+R3GAN_PRESETS = {
+    # preset: (res, G widths, cardinality, bf16 stages, global batch, gamma)
+    "cifar10": (32, (768,) * 4, (96,) * 4, 3, 512, 0.05),
+    "ffhq64": (64, (768,) * 4 + (384,), (96,) * 4 + (48,), 4, 256, 2.0),
+    "ffhq256": (256, (768,) * 4 + (384, 192, 96), (96,) * 4 + (48, 24, 12), 4, 256, 150.0),
+    "imagenet32": (32, (1536,) * 4, (96,) * 4, 3, 4096, 0.5),
+    "imagenet64": (64, (1536,) * 5, (96,) * 5, 4, 4096, 1.0),
+}
+# Their cosine schedules (train.py:189-266): (T images, final EMA half-life in kimg,
+# final augmentation p); every preset: lr 2e-4 -> 5e-5, beta_2 0.9 -> 0.99,
+# gamma -> gamma / 10, EMA half-life and p from 0.
+R3GAN_SCHEDULES = {
+    "cifar10": (2e7, 5000.0, 0.55),
+    "ffhq64": (2e7, 500.0, 0.3),
+    "ffhq256": (2e7, 500.0, 0.3),
+    "imagenet32": (2e8, 50000.0, 0.5),
+    "imagenet64": (2e8, 50000.0, 0.4),
+}
+R3GAN_SOURCES = {"cifar10": "tfds:cifar10", "ffhq64": "arrayrecord:/data/ffhq64",
+                 "ffhq256": "arrayrecord:/data/ffhq256",
+                 "imagenet32": "tfds:imagenet_resized/32x32",
+                 "imagenet64": "tfds:imagenet_resized/64x64"}
+
+
+def r3gan(preset):
+    """config for R3GAN preset `preset` (R3GAN_PRESETS: "config E"), over base().
+
+    The architecture exactly (architectures/r3gan.py: 2 blocks per stage, expansion 2, noise
+    64, the bfloat16 stages under config.train.precision=mixed_bfloat16), class-conditional
+    for CIFAR-10 and ImageNet (README --cond=1), the global batch, the RpGAN loss with
+    R1 + R2 (gamma / 2 each, every step, on the un-augmented inputs), Adam(betas (0,
+    beta_2), eps 1e-8) for G and D, the official cosine schedules of lr, beta_2, gamma,
+    the EMA half-life and p over T images (R3GAN_SCHEDULES), R3GAN's augmentation pipe,
+    and num_steps = T / batch. ConfigError for an unknown preset."""
+    _res, widths, cardinality, bf16, batch, gamma = errors.choose("r3gan preset", preset,
+                                                                  R3GAN_PRESETS)
+    c = base()
+    c.data.source = R3GAN_SOURCES[preset]
+    c.model = ml_collections.ConfigDict({
+        "name": "r3gan", "latent_dim": 64,
+        "conditional": not preset.startswith("ffhq"), "widths": widths, "blocks": 2,
+        "cardinality": cardinality, "expansion": 2, "bf16_stages": bf16, "grouped_conv": "auto"})
+    t = c.train
+    t.global_batch_size = batch
+    t.precision = "mixed_bfloat16"  # The official's bfloat16 stages (bf16_stages).
+    t.loss, t.penalty, t.penalty_weight, t.penalty_every = "rpgan", "r1_r2", gamma / 2, 1
+    for opt in (t.g_optimizer, t.d_optimizer):
+        opt.name, opt.learning_rate = "adam", 2e-4
+        opt.beta_1, opt.beta_2, opt.epsilon = 0.0, 0.9, 1e-8
+    # The official schedules, evaluated at the images seen before each step
+    # (schedules.py), and R3GAN's augmentation pipe at the scheduled p, no controller.
+    images, ema_kimg, p = R3GAN_SCHEDULES[preset]
+    t.cosine.images = images
+    t.cosine.learning_rate, t.cosine.beta_2 = (2e-4, 5e-5), (0.9, 0.99)
+    t.cosine.penalty_weight = (gamma / 2, gamma / 20)
+    t.cosine.ema_kimg, t.cosine.ada_p = (0.0, ema_kimg), (0.0, p)
+    t.augment, t.ada_p, t.ada_interval = "r3gan", 0.0, 0
+    t.num_steps = int(math.ceil(images / batch))  # The schedules' end (the official
+    # code sets no training length).
     c.eval.num_samples = 50_000  # fid50k_full: 50k fakes against every real image.
     c.eval.num_real = -1
     return c

@@ -33,7 +33,7 @@ def test_contract(name, shape, num_classes):
     g_in = [z, labels] if num_classes else z
     x = g(g_in, training=True).numpy()
     assert x.shape == (5,) + shape
-    if len(shape) == 3 and name != "stylegan2":  # Images end in tanh (StyleGAN2: linear).
+    if len(shape) == 3 and name not in ("stylegan2", "r3gan"):  # tanh (these: linear).
         assert np.all(np.abs(x) <= 1.0)
     d_in = [tf.constant(x), labels] if num_classes else x
     assert d(d_in, training=True).shape == (5, 1)
@@ -47,13 +47,14 @@ def test_contract(name, shape, num_classes):
 
 def test_conditional_families_and_num_classes():
     assert [n for n in sorted(architectures.ARCHITECTURES) if architectures.conditional(n)] \
-        == ["biggan", "stylegan2"]
+        == ["biggan", "r3gan", "stylegan2"]
     # num_classes comes from the data source, not config.model: never an option.
     assert all("num_classes" not in architectures.options(n) for n in architectures.ARCHITECTURES)
     with pytest.raises(errors.ConfigError) as info:
         architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=4, num_classes=10)
     assert str(info.value) == (
-        "architecture 'dcgan' is unconditional; conditional architectures: biggan, stylegan2 "
+        "architecture 'dcgan' is unconditional; conditional architectures: biggan, r3gan, "
+        "stylegan2 "
         "(config.model.conditional=True needs one of them)")
     # 0 and None (a source without labels) build the unconditional model.
     for num_classes in (0, None):
@@ -91,7 +92,8 @@ def test_dcgan_28x28_is_the_tensorflow_tutorial_model():
 
 def test_unknown_names_and_options_fail_loudly():
     with pytest.raises(errors.ConfigError,
-                       match="unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, resnet, stylegan2"):
+                       match="unknown architecture 'stylegan'; valid: biggan, dcgan, mlp, r3gan, "
+                             "resnet, stylegan2"):
         architectures.build("stylegan", data_shape=(8, 8, 1), latent_dim=4)
     with pytest.raises(errors.ConfigError, match="unknown option 'dropout' for architecture 'dcgan'"):
         architectures.build("dcgan", data_shape=(8, 8, 1), latent_dim=4, dropout=0.1)

@@ -60,5 +60,5 @@ def test_wgan_gp_has_no_nan_at_zero_gradient():
 
 def test_penalty_registry():
     assert penalties.get("none") is None
-    with pytest.raises(errors.ConfigError, match="valid: none, r1, wgan_gp"):
+    with pytest.raises(errors.ConfigError, match="valid: none, r1, r1_r2, wgan_gp"):
         penalties.get("gp")

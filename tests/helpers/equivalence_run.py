@@ -101,6 +101,22 @@ def cases():
                        "train.ema": {"decay": 0.0, "start": 0, "warmup": 0, "kimg": 0.1,
                                      "rampup": 0.05}},
                       "digits16", 4),
+        # R3GAN (issue 50), 4 steps: a class-conditional r3gan (grouped 3x3 convs split
+        # by group, fix-up residual blocks, projection D), the relativistic paired loss
+        # (G's update reads its own real batch; fakes take their real's label), R1 + R2
+        # on D's clean inputs through R3GAN's pipe (bgc, colour at half p, cutout), 2
+        # micro-batches per update, and the cosine schedules of the learning rate, the
+        # penalty weight, the EMA half-life and p (from 0.3). The lazy penalty and the
+        # finite difference: tests/gan/test_r3gan_step.py (a lazy one traces D twice).
+        "rpgan": ({"model.name": "r3gan", "model.conditional": True,
+                   "model.widths": (8, 8, 4), "model.blocks": 1,
+                   "model.cardinality": (4, 4, 2), "train.loss": "rpgan",
+                   "train.penalty": "r1_r2", "train.augment": "r3gan",
+                   "train.ada_interval": 0, "train.accumulation_steps": 2,
+                   "train.cosine": {"images": 64.0, "learning_rate": (0.1, 0.02),
+                                    "penalty_weight": (0.5, 0.05), "ema_kimg": (0.0, 0.04),
+                                    "ada_p": (0.3, 0.6)}},
+                  "digits16", 4),
         # The D-side stabilizers: LeCam, instance noise, label smoothing, lazy R1.
         "stabilizers": ({"model.d_dropout": 0.0, "train.lecam_weight": 0.5,
                          "train.instance_noise": 0.1, "train.instance_noise_steps": 4,
@@ -123,7 +139,7 @@ def make_config(overrides, source):
     # D update of "sgd": rounding then flips its slope on some topologies and the G
     # gradient moves by 1% (a property of the point, not of the distributed math).
     c["seed"] = 1
-    if overrides.get("model.name") in ("mlp", "biggan", "stylegan2"):
+    if overrides.get("model.name") in ("mlp", "biggan", "stylegan2", "r3gan"):
         c["model"] = dict(name=overrides["model.name"], latent_dim=8)
     for key, value in overrides.items():
         section, leaf = key.split(".")

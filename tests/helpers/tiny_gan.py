@@ -42,7 +42,8 @@ def samples(model):
 SHAPES = {"mlp": [(2,), (5,)], "dcgan": [(8, 8, 1), (28, 28, 1), (12, 16, 3)],
           "resnet": [(8, 8, 1), (16, 16, 3), (12, 16, 3), (32, 32, 3)],
           "biggan": [(32, 32, 3), (64, 64, 1)],
-          "stylegan2": [(8, 8, 1), (16, 16, 3)]}
+          "stylegan2": [(8, 8, 1), (16, 16, 3)],
+          "r3gan": [(16, 16, 3)]}
 SMALL = {"mlp": {"hidden": (16, 16)},
          "dcgan": {"g_channels": (16, 8, 4), "d_channels": (4, 8), "d_norm": "batch"},
          "resnet": {"g_channels": (8, 8), "d_channels": (8, 8), "d_downsample": 2},
@@ -50,5 +51,8 @@ SMALL = {"mlp": {"hidden": (16, 16)},
          "biggan": {"ch": 4, "attention": 16},
          # Minibatch-std groups of 5: the contract test's batch.
          "stylegan2": {"w_dim": 8, "mapping_layers": 2, "fmaps": 1 / 256, "channel_max": 8,
-                       "mbstd_group": 5}}
+                       "mbstd_group": 5},
+         # One width per stage 4..16; G's last / D's first stage follow the policy.
+         "r3gan": {"widths": (16, 16, 8), "blocks": 1, "cardinality": (4, 4, 2),
+                   "bf16_stages": 1}}
 NUM_CLASSES = 3  # Conditional families are also tested with labels.

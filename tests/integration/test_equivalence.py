@@ -43,7 +43,8 @@ from helpers.mw_helpers import ENV, max_relative_diff
 TOL = 1e-5
 ADAM_TOL = 3e-3
 SGD_CASES = ["sgd", "arrayrecord", "dropout", "wgan_gp", "r1", "d_steps2", "large_mean", "biggan",
-             "stabilizers", "no_bn", "accumulate", "accumulate_bn", "packed", "stylegan2"]
+             "stabilizers", "no_bn", "accumulate", "accumulate_bn", "packed", "stylegan2",
+             "rpgan"]
 # The 1 vs default intra-op threads floor (measured 2026-11-30 on every case): wgan_gp's
 # double backprop rounds most (3.1e-7), the others <= 5e-8; biggan is the deepest graph,
 # large_mean the largest activations. (Issue 22 dropped sgd: 5e-8, ~5 CPU-s.)
@@ -284,6 +285,10 @@ def test_one_collective_per_purpose(runs):
     # (ADA's statistic, w_avg's mean and the losses ride on them) and the path-length
     # mean's; the lazy phases' branches are taken around strategy.run.
     assert counts["stylegan2"] == 4 + 1
+    # R3GAN (no normalization): one gradient all-reduce per network per update, whatever
+    # the micro-batches, R1 + R2's double backprop and the pairing; +1: the iterator's
+    # all-reduce when a step pulls a second batch (G's own reals).
+    assert counts["rpgan"] == 2 + 1
 
 
 def test_the_biggan_case_exercises_what_it_claims(runs):
@@ -311,3 +316,17 @@ def test_the_stylegan2_case_exercises_what_it_claims(runs):
         gap = max(np.abs(run[k] - run[k.replace("ema_generator", "generator")]).max()
                   for k in ema)
         assert gap > 1e-5, name
+
+
+def test_the_rpgan_case_exercises_what_it_claims(runs):
+    """R3GAN's schedules moved on every topology (and equally: SGD_CASES compares them):
+    p was set at the start of the 4th step to its cosine value at 48 of 64 images, the
+    scheduled EMA differs from G, and training moved."""
+    p = 0.3 + 0.3 * (1 - np.cos(np.pi * 48 / 64)) / 2
+    for name, run in runs.items():
+        assert abs(float(run["rpgan/ada_p"]) - p) < 1e-6, (name, float(run["rpgan/ada_p"]))
+        ema = sorted(k for k in run.files if k.startswith("rpgan/ema_generator/"))
+        gap = max(np.abs(run[k] - run[k.replace("ema_generator", "generator")]).max()
+                  for k in ema)
+        assert gap > 1e-5, name
+        assert np.abs(np.diff(run["rpgan/g_loss"])).max() > 1e-3, name

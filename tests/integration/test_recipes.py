@@ -1,4 +1,4 @@
-"""Every BigGAN-class and StyleGAN2 recipe on TFDS data trains 2 steps end to end with a tiny size override: the real
+"""Every BigGAN-class, StyleGAN2 and R3GAN recipe on TFDS data trains 2 steps end to end with a tiny size override: the real
 TFDS code path on TFDS's mock data (the recipes' datasets cannot be downloaded here)."""
 
 import os
@@ -22,9 +22,13 @@ TINY = {
     "stylegan2_cifar10.py": {"model.latent_dim": 8, "model.w_dim": 8, "model.fmaps": 1 / 256,
                              "model.channel_max": 4, "model.mbstd_group": 2,
                              "model.mbstd_chunk": 4},
+    # R3GAN: 8 channels a stage, groups of 4 (2 per stage), its bfloat16 stages kept.
+    **{name: {"model.latent_dim": 8, "model.widths": (8,) * 4, "model.blocks": 1,
+              "model.cardinality": (4,) * 4} for name in ("r3gan_cifar10.py", "r3gan_imagenet32.py")},
 }
 SHAPES = {"sngan_cifar10.py": (32, 32, 3), "biggan_cifar10.py": (32, 32, 3),
-          "biggan_imagenet128.py": (128, 128, 3), "stylegan2_cifar10.py": (32, 32, 3)}
+          "biggan_imagenet128.py": (128, 128, 3), "stylegan2_cifar10.py": (32, 32, 3),
+          "r3gan_cifar10.py": (32, 32, 3), "r3gan_imagenet32.py": (32, 32, 3)}
 
 
 def recipe(name, **overrides):
@@ -74,12 +78,13 @@ def test_recipe_trains_two_steps(name, one_device, tmp_path, monkeypatch):
     # The recipe's knobs reached the model.
     assert model.num_classes == (0 if name == "sngan_cifar10.py" else
                                  1000 if "imagenet" in name else 10)
-    assert (model.ema is not None) == bool(config.train.ema.decay or config.train.ema.kimg)
+    assert (model.ema is not None) == bool(config.train.ema.decay or config.train.ema.kimg
+                                           or config.train.cosine.ema_kimg)
     assert model.d_steps == config.train.d_steps
     samples, step, _, cols = sampling.from_workdir(workdir, 8, seed=0)
     assert samples.shape == (8,) + SHAPES[name] and step == 2
     assert np.all(np.isfinite(samples))
-    if "stylegan2" not in name:  # StyleGAN2's output is linear, no tanh.
+    if "stylegan2" not in name and "r3gan" not in name:  # Linear outputs, no tanh.
         assert np.abs(samples).max() <= 1.0
     assert (cols is not None) == bool(model.num_classes)
 

@@ -7,11 +7,11 @@
 
 Every family is a module with `build(*, data_shape, latent_dim, **options)` returning two
 Keras models: G maps [B, latent_dim] -> [B, *data_shape] (image families end in tanh,
-so images lie in [-1, 1]; stylegan2's are linear, as the official, and trained towards
+so images lie in [-1, 1]; stylegan2's and r3gan's are linear, as the officials, and trained towards
 [-1, 1]), D maps [B, *data_shape] -> [B, 1] logits.
 
 Conditional families (`conditional(name)`: their build() has a `num_classes` parameter:
-biggan and stylegan2) take `num_classes`; with num_classes > 0 both models have TWO inputs:
+biggan, r3gan and stylegan2) take `num_classes`; with num_classes > 0 both models have TWO inputs:
 G [z float32 [B, latent_dim], labels int32 [B]] -> [B, *data_shape] and
 D [x [B, *data_shape], labels int32 [B]] -> [B, 1]; callers detect them by
 `len(model.inputs) == 2`. With num_classes == 0 (the default) they are single-input like
@@ -26,10 +26,11 @@ is silently dropped.
 import inspect
 
 from tf_gan_scale import errors
-from tf_gan_scale.architectures import biggan, dcgan, mlp, resnet, stylegan2
+from tf_gan_scale.architectures import biggan, dcgan, mlp, r3gan, resnet, stylegan2
 
 ARCHITECTURES = {"mlp": mlp.build, "dcgan": dcgan.build, "resnet": resnet.build,
-                 "biggan": biggan.build, "stylegan2": stylegan2.build}
+                 "biggan": biggan.build, "stylegan2": stylegan2.build,
+                 "r3gan": r3gan.build}
 
 _NOT_OPTIONS = ("data_shape", "latent_dim", "num_classes")
 

@@ -8,6 +8,7 @@
     step_config.py    StepConfig: every knob of the step, validated once
     step_function.py  the traced loop around strategy.run, error translation
     losses.py penalties.py regularizers.py augment.py ema.py checks.py   its parts
+    ada.py ada_pipes.py  StyleGAN2-ADA's AugmentPipe ("ada", R3GAN's "r3gan") and new p
 """
 
 from tf_gan_scale.architectures.calls import call_generator, generate, is_conditional

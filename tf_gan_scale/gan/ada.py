@@ -8,9 +8,10 @@ torch_utils/ops/upfirdn2d.py (upsample2d/downsample2d, _upfirdn2d_ref) and
 training/training_loop.py ("Execute ADA heuristic"). Images are NHWC in [-1, 1].
 
 Pipeline (`augment`), per sample, every transform gated by its own Bernoulli(p) draw
-(u < p; p > 1 saturates the gates). The geometric ones build the inverse homogeneous 3x3
-matrix G_inv (output pixel -> input pixel, pixel units, origin at the image centre) by
-right-multiplication, in this order:
+(u < p; p > 1 saturates the gates; with AugmentPipe's probability multipliers m, as in
+R3GAN's pipe, ada_pipes.py: u < m p). The geometric ones build the inverse homogeneous
+3x3 matrix G_inv (output pixel -> input pixel, pixel units, origin at the image centre)
+by right-multiplication, in this order:
   1 xflip        i in {0, 1} uniform;           G_inv @= scale2d(1 - 2i, 1)
   2 rotate90     i in {0, 1, 2, 3} uniform;     G_inv @= rotate2d(pi/2 i)
   3 xint         t ~ U(-0.125, 0.125)^2;        G_inv @= translate2d(-round(t_x W), -round(t_y H))
@@ -140,6 +141,10 @@ PARAM = 1
 GEOMETRIC = ("xflip", "rotate90", "xint", "scale", "rotate_pre", "aniso", "rotate_post",
              "xfrac")
 COLOR = ("brightness", "contrast", "lumaflip", "hue", "saturation")
+# AugmentPipe's probability multipliers ("rotate" gates both rotations); 'bgc': all 1.
+MULTIPLIERS = ("xflip", "rotate90", "xint", "scale", "rotate", "aniso", "xfrac",
+               "brightness", "contrast", "lumaflip", "hue", "saturation")
+BGC = dict.fromkeys(MULTIPLIERS, 1.0)
 
 # ADA controller defaults (train.py / training_loop.py).
 ADA_TARGET = 0.6
@@ -198,7 +203,7 @@ def rotation_probability(p):
     return 1.0 - tf.sqrt(tf.clip_by_value(1.0 - p, 0.0, 1.0))
 
 
-def draw(key, rows, p):
+def draw(key, rows, p, multipliers=None):
     """The per-row parameters of the 13 transforms, gated (identity value where the gate
     is off), with the official distributions.
 
@@ -206,6 +211,10 @@ def draw(key, rows, p):
         key: int64 scalar (latents.key(seed, step, phase)).
         rows: int [B], the global row of each example.
         p: float scalar, the augmentation probability (may exceed 1).
+        multipliers: {name in MULTIPLIERS: float >= 0}, AugmentPipe's per-transform
+            probability multipliers (None: 'bgc', all 1; a missing name: 0). Officially
+            transform name fires when u < multiplier * p (a float32 product) and each
+            rotation when u < 1 - sqrt(clip(1 - rotate * p, 0, 1)); so here.
     Returns:
         dict of float64 tensors: "xflip", "rotate90", "lumaflip" [B] (integers i as
         floats; identity 0), "xint" [B, 2] (t_x, t_y relative to W, H, before rounding;
@@ -215,13 +224,18 @@ def draw(key, rows, p):
     """
     key = tf.cast(key, tf.int64)
     rows = tf.cast(tf.convert_to_tensor(rows), tf.int64)
-    p = tf.cast(tf.cast(p, tf.float32), _F64)  # u < p compared exactly.
-    p_rot = rotation_probability(p)
+    p = tf.cast(p, tf.float32)
+    m = BGC if multipliers is None else multipliers
+    if set(m) - set(MULTIPLIERS):
+        raise ValueError(f"unknown AugmentPipe multipliers {sorted(set(m) - set(MULTIPLIERS))}")
+    # u < multiplier * p compared exactly (the float32 product of the official buffer).
+    prob = {name: tf.cast(p * float(m.get(name, 0.0)), _F64) for name in MULTIPLIERS}
+    p_rot = rotation_probability(p * float(m.get("rotate", 0.0)))
     draws = _Draws(key, rows)
     out = {}
 
-    def gated(name, value, identity, prob=p):
-        on = draws.gate(name, prob)
+    def gated(name, value, identity, gate=None):
+        on = draws.gate(name, prob[name] if gate is None else gate)
         if value.shape.rank == 2:
             on = on[:, None]
         out[name] = tf.where(on, value, tf.cast(identity, _F64))
@@ -539,8 +553,9 @@ def apply_color(x, c):
     raise ValueError(f"ADA needs RGB (3 channels) or L (1 channel) images, got {channels}")
 
 
-def augment(x, p, key, rows):
-    """The 'bgc' ADA pipeline.
+def augment(x, p, key, rows, multipliers=None):
+    """The 'bgc' ADA pipeline (or AugmentPipe's with `multipliers`: `draw`'s; cutout is
+    ada_pipes.py's).
 
     Args:
         x: float [B, H, W, C] images in [-1, 1], C = 1 or 3, H and W static (>= 2).
@@ -561,7 +576,7 @@ def augment(x, p, key, rows):
         raise ValueError(f"ada.augment needs static height, width and channels, got {x.shape}")
     if ch not in (1, 3):
         raise ValueError(f"ada.augment needs 1 or 3 channels, got {ch}")
-    params = draw(key, rows, p)
+    params = draw(key, rows, p, multipliers)
     y = tf.cast(x, tf.float32)
     y = apply_geometric(y, geometric_matrix(params, h, w))
     y = apply_color(y, color_matrix(params, ch))

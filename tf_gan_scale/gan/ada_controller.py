@@ -7,6 +7,10 @@ collective of its own), and at the start of a step due for it p moves and the st
 restarts (`adjust`). An integer sum and one formula: p is the same on every topology,
 and p, the statistic and the step are checkpointed (by `GAN`), so a resume is exact.
 Kept apart from ada.py (the pipeline, 600 lines) so each reads on its own.
+
+With a schedule config.train.cosine.ada_p (R3GAN, training_loop.py:313-314) there is no
+controller: at the start of every step p is set to the schedule's value at the images
+seen before it (step x global batch), a function of the step alone (ada_interval is 0).
 """
 
 import tensorflow as tf
@@ -25,6 +29,7 @@ class AdaController:
     def __init__(self, *, config, state):
         self.config = config
         self.p, self.stats = state
+        self.schedule = config.schedule("ada_p")  # R3GAN's cosine, or None.
 
     def record(self, sign_sum, count):
         """Adds a D pass's GLOBAL sum of sign(D(real)) over `count` reals to ADA's
@@ -40,6 +45,9 @@ class AdaController:
         of step t for the steps before it (the official runs after step t - 1: the same
         order), with a global batch of gb rows."""
         c = self.config
+        if self.schedule is not None:  # R3GAN: p from the schedule, every step.
+            self.p.assign(self.schedule.at(step, gb))
+            return
         if not c.ada_interval:
             return
         p, stats = self.p, self.stats

@@ -22,6 +22,12 @@ StyleGAN2-ADA's schedule (training_loop.py, "Update G_ema") instead, with `half_
     d_t  = 0.5 ^ (B / max(h, 1e-8))
 (paper256: 20 kimg at B = 64 gives 0.997784; with a ramp-up the first update copies).
 
+R3GAN's (training_loop.py:310, 350-353), with `cosine` = (base_kimg, final_kimg, T): the
+half-life in images on a cosine (schedules.py) in the images seen before the iteration,
+    h   = 1000 x cosine_value((t - 1) x B, base_kimg, final_kimg, T)
+    d_t = 0.5 ^ (B / max(h, 1e-8))
+(its presets start at h = 0: the first updates copy G).
+
 Batch-norm statistics: the moving mean and variance are averaged like the weights
 (BigGAN-PyTorch's `ema` does the same to its buffers): the EMA model normalizes with
 an EMA of the statistics the live generator tracked, not statistics measured on the
@@ -40,7 +46,7 @@ import numbers
 import keras
 import tensorflow as tf
 
-from tf_gan_scale import errors
+from tf_gan_scale import errors, schedules
 
 
 def check_kimg(half_life_kimg, rampup, batch_size, prefix="ema_"):
@@ -80,12 +86,21 @@ class GeneratorEMA:
         warmup: G steps after `start` over which the decay ramps linearly to `decay`.
         half_life_kimg / rampup / batch_size: StyleGAN2-ADA's schedule (module
             docstring) when half_life_kimg > 0; batch_size is the global batch.
+        cosine: R3GAN's schedule (module docstring) instead, (base_kimg, final_kimg,
+            total_images), or None.
     """
 
     def __init__(self, generator, decay, start=0, warmup=0, half_life_kimg=0.0, rampup=0.0,
-                 batch_size=0):
+                 batch_size=0, cosine=None):
         check(decay, start, warmup)
         check_kimg(half_life_kimg, rampup, batch_size)
+        self.cosine = None
+        if cosine:
+            if not (errors.is_int(batch_size) and batch_size >= 1):
+                raise errors.ConfigError(f"cosine.ema_kimg={tuple(cosine[:2])} needs the "
+                                         f"global batch size (an integer >= 1); Received: "
+                                         f"{batch_size!r}")
+            self.cosine = schedules.Cosine(*cosine)
         self.decay, self.start, self.warmup = float(decay), int(start), int(warmup)
         self.half_life_kimg, self.rampup = float(half_life_kimg), float(rampup)
         self.batch_size = int(batch_size)
@@ -104,6 +119,12 @@ class GeneratorEMA:
 
     def decay_at(self, step):
         """d_t (float32 scalar tensor) for generator step `step` (counted after the update)."""
+        if self.cosine is not None:
+            batch, c = float(self.batch_size), self.cosine
+            seen = (tf.cast(step, tf.float64) - 1.0) * batch  # Before this iteration.
+            images = 1000.0 * schedules.cosine_value(seen, c.base, c.final, c.total_images)
+            decay = tf.pow(tf.constant(0.5, tf.float64), batch / tf.maximum(images, 1e-8))
+            return tf.cast(decay, tf.float32)
         if self.half_life_kimg:
             batch = float(self.batch_size)
             images = tf.constant(self.half_life_kimg * 1000.0, tf.float64)

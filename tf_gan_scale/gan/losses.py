@@ -55,17 +55,39 @@ def least_squares(*, real_logits, fake_logits):
                    g=0.5 * tf.square(fake - 1.0))
 
 
+def relativistic(*, real_logits, fake_logits):
+    """The relativistic paired loss, RpGAN (Jolicoeur-Martineau 2019; R3GAN, Huang et
+    al. 2024, R3GAN/Trainer.py:14-44): real row i against fake row i,
+    d = softplus(-(real - fake)), g = softplus(-(fake - real)).
+
+    G's term reads D's logits of REAL rows too (`PAIRED`): the step feeds G's update its
+    own real batch, and conditions fake i on real i's label (as the official code, which
+    calls G with the real batch's labels)."""
+    real, fake = _flat(real_logits), _flat(fake_logits)
+    return GanLoss(d=tf.nn.softplus(fake - real), g=tf.nn.softplus(real - fake))
+
+
 LOSSES = {
     "non_saturating": non_saturating,
     "minimax": minimax,
     "hinge": hinge,
     "wasserstein": wasserstein,
     "least_squares": least_squares,
+    "rpgan": relativistic,
 }
 
 
 # Losses whose D term is a cross-entropy against targets 1 (real) and 0 (fake).
 CROSS_ENTROPY = ("non_saturating", "minimax")
+
+# Losses that pair real row i with fake row i in BOTH updates: G's term depends on D's
+# logits of real rows, so G's update needs a real batch (`paired`).
+PAIRED = ("rpgan",)
+
+
+def paired(loss):
+    """Whether `loss` (a name or one of LOSSES' functions) pairs reals and fakes by row."""
+    return any(loss == name or loss is LOSSES[name] for name in PAIRED)
 
 
 def smooth_real_labels(loss_fn, smoothing):

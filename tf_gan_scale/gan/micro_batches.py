@@ -43,13 +43,17 @@ def d_micro_batches(step_math, real, real_labels, rows, gb, step, k, penalty_due
     return grads, shares, means
 
 
-def g_micro_batches(step_math, rows, gb, step):
+def g_micro_batches(step_math, rows, gb, step, real=None, real_labels=None):
     """G's gradients of one update summed over the micro-batches, in order: (grads,
     [each one's loss share], [each one's sum of w] of a style generator, else []). The
-    orthogonal regularizer is taken in the first micro-batch only (once per update)."""
+    orthogonal regularizer is taken in the first micro-batch only (once per update).
+    real / real_labels: G's own real rows, for a paired loss (else None)."""
     grads, shares, w_sums = None, [], []
     for j, part in enumerate(step_math.micro_batches()):
-        g, share, w_sum = step_math.g_grads(rows[part], gb, step, regularize=j == 0)
+        reals = {} if real is None else {"real": real[part],
+                                         "real_labels": real_labels[part]}
+        g, share, w_sum = step_math.g_grads(rows[part], gb, step, regularize=j == 0,
+                                            **reals)
         grads = g if grads is None else [add_grads(x, y) for x, y in zip(grads, g)]
         shares.append(share)
         if w_sum is not None:

@@ -20,7 +20,7 @@ from tf_gan_scale.architectures import calls
 from tf_gan_scale.gan import checks, step_function
 from tf_gan_scale.gan import ema as ema_lib
 from tf_gan_scale.gan.step import REPLICAS, GanStep
-from tf_gan_scale.gan.step_config import ADA, StepConfig
+from tf_gan_scale.gan.step_config import ADA_PIPES, StepConfig
 from tf_gan_scale.layers import convert
 from tf_gan_scale.metrics import scoring
 
@@ -44,6 +44,9 @@ class GAN(keras.Model):
             in thousands of images, ramped up with the images seen; the global batch
             size), when ema_kimg > 0. It is what `gan(z)`,
             `predict`, `generate`, sample grids and scores use (`gan.sampler`).
+        ema_cosine: R3GAN's EMA instead, (base_kimg, final_kimg, total_images): the
+            half-life on a cosine in the images seen (schedules.py; ema_batch_size is
+            the global batch); it turns the EMA on by itself.
         sync_batch_norm: "auto" (default), True or False. Plain Keras
             `BatchNormalization` computes per-replica statistics; "auto" replaces it by
             `layers.SyncBatchNormalization` (same config and weights: global-batch
@@ -63,7 +66,8 @@ class GAN(keras.Model):
 
     def __init__(self, generator, discriminator, latent_dim, *, seed=0,
                  sync_batch_norm="auto", num_classes=0, ema_decay=0.0, ema_start=0,
-                 ema_warmup=0, ema_kimg=0.0, ema_rampup=0.0, ema_batch_size=0, **kwargs):
+                 ema_warmup=0, ema_kimg=0.0, ema_rampup=0.0, ema_batch_size=0,
+                 ema_cosine=None, **kwargs):
         super().__init__(**kwargs)
         if not generator.built:
             generator.build((None, int(latent_dim)))
@@ -83,10 +87,13 @@ class GAN(keras.Model):
                             "ema_warmup": int(ema_warmup), "ema_kimg": float(ema_kimg),
                             "ema_rampup": float(ema_rampup),
                             "ema_batch_size": int(ema_batch_size)}
+        if ema_cosine:  # In .keras files of this version only (older ones had none).
+            self._ema_config["ema_cosine"] = [float(v) for v in ema_cosine]
         self.ema = None
-        if ema_decay or ema_kimg:
+        if ema_decay or ema_kimg or ema_cosine:
             self.ema = ema_lib.GeneratorEMA(generator, ema_decay, ema_start, ema_warmup,
-                                            ema_kimg, ema_rampup, ema_batch_size)
+                                            ema_kimg, ema_rampup, ema_batch_size,
+                                            cosine=ema_cosine)
             self.ema_generator = self.ema.model
         self.eval_offset = 0  # Evaluation examples seen in this `evaluate` call.
         self._topology = REPLICAS  # How an engine runs the step (gan.step.Topology).
@@ -177,7 +184,7 @@ class GAN(keras.Model):
             # StyleGAN2-ADA's state, updated from global values on every replica like
             # the anchors: ADA's p and its statistic [sum of sign(D(real)), count], the
             # path-length mean.
-            if config.augment == ADA and getattr(self, "ada_p", None) is None:
+            if config.augment in ADA_PIPES and getattr(self, "ada_p", None) is None:
                 self.ada_p = keras.Variable(float(config.ada_p), trainable=False,
                                             name="ada_p")
                 self.ada_stats = keras.Variable([0.0, 0.0], trainable=False,
@@ -193,7 +200,7 @@ class GAN(keras.Model):
                 self.d_loss_tracker, self.g_loss_tracker, self.d_grad_norm_tracker,
                 self.g_grad_norm_tracker, self.d_skipped_tracker, self.g_skipped_tracker)},
             topology=self._topology,
-            ada_state=(self.ada_p, self.ada_stats) if config.augment == ADA else None,
+            ada_state=(self.ada_p, self.ada_stats) if config.augment in ADA_PIPES else None,
             pl_mean=getattr(self, "pl_mean", None) if config.pl_weight else None)
         self.train_function = None
 

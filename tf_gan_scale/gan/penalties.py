@@ -49,7 +49,28 @@ def r1(discriminator, *, real, fake, noise):
     return _sum_squares(_input_gradients(discriminator, real))
 
 
-PENALTIES = {"none": None, "wgan_gp": wgan_gp, "r1": r1}
+def r1_r2(discriminator, *, real, fake, noise):
+    """R3GAN (Huang et al. 2024, R3GAN/Trainer.py:10-12,35-36): ||grad D(real)||_2^2 +
+    ||grad D(fake)||_2^2, R1 on reals plus R2 on fakes (set penalty_weight to gamma/2).
+    The step takes it inside D's main pass on the images BEFORE the augmentation
+    (`UpdatePenalty.in_pass`); this standalone form is the same math on given images."""
+    del noise
+    return (_sum_squares(_input_gradients(discriminator, real))
+            + _sum_squares(_input_gradients(discriminator, fake)))
+
+
+PENALTIES = {"none": None, "wgan_gp": wgan_gp, "r1": r1, "r1_r2": r1_r2}
+
+# Penalties on D's clean inputs: taken in the main D pass, with the gradient through the
+# augmentation (R3GAN's choice; it needs a differentiable augmentation, which every
+# policy here is), instead of on what D saw in a pass of their own.
+ON_CLEAN_INPUTS = ("r1_r2",)
+
+
+def on_clean_inputs(penalty):
+    """Whether `penalty` (a name or one of PENALTIES' functions) is taken in D's main pass
+    on the clean inputs."""
+    return any(penalty == name or penalty is PENALTIES[name] for name in ON_CLEAN_INPUTS)
 
 
 def get(name):
@@ -80,7 +101,68 @@ class UpdatePenalty:
         update = step * self.config.d_steps + k
         return update % self.config.penalty_every == 0
 
-    def __call__(self, real, fake, labels, rows, step, k, due=None):
+    def weight(self, step, gb):
+        """penalty_weight, or its cosine schedule's value (float32) at step `step` of
+        global batches of gb rows (config.train.cosine.penalty_weight: R3GAN's gamma/2)."""
+        schedule = self.config.schedule("penalty_weight")
+        if schedule is None:
+            return float(self.config.penalty_weight)
+        return schedule.at(step, gb)
+
+    def in_pass(self, forward, clean, rows, labels, step, k, gb, due=None):
+        """D's logits [2b] of the clean images `clean` [2b, ...] = [real; fake], and the
+        weighted per-example penalty [b] of an ON_CLEAN_INPUTS penalty, both from one
+        pass (R3GAN, Trainer.py:28-44): penalty_i = w (||d D(A(x)) / d x||^2 at real i +
+        the same at fake i), x the images BEFORE the augmentation A, the gradient taken
+        through it.
+
+        forward: (images [n, ...], their global rows [n], labels [n]) -> D's logits [n]
+            of what D sees of them (augmentation and instance noise keyed by the rows).
+        rows, labels: the global rows [2b] of `clean` (fakes offset by the global
+            batch) and its labels [2b].
+        One backward pass of sum(logits) gives every example's input gradient: D must not
+        couple examples (no batch norm: `StepConfig.validate` refuses it).
+        With penalty_fd_sigma = s > 0, ||grad f(x)||^2 is estimated without double
+        backprop as ((f(x + s e) - f(x)) / s)^2, e ~ N(0, I) per example (keyed by the
+        global row): E_e[(grad f . e)^2] = ||grad f||^2 to first order in s. The
+        perturbed images go through D in the SAME pass (one batch [4b]) and the same
+        augmentation draws, so it is a directional difference of D(A(.)).
+        penalty_every = e > 1: every e-th D update, weight x e (as `__call__`)."""
+        c = self.config
+        weight = self.weight(step, gb)
+        b = tf.shape(clean)[0] // 2
+
+        def penalized(gain):
+            if c.penalty_fd_sigma:
+                sigma = float(c.penalty_fd_sigma)
+                noise = latents.rows_normal(
+                    latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows,
+                    list(clean.shape[1:]))
+                both = tf.reshape(forward(tf.concat([clean, clean + sigma * noise], 0),
+                                          tf.concat([rows, rows], 0),
+                                          tf.concat([labels, labels], 0)), [-1])
+                logits, moved = both[:2 * b], both[2 * b:]
+                sq = tf.square((moved - logits) / sigma)
+            else:
+                with tf.GradientTape() as tape:
+                    tape.watch(clean)
+                    logits = forward(clean, rows, labels)
+                    total = tf.reduce_sum(logits)
+                sq = _sum_squares(tape.gradient(total, clean))
+            return logits, weight * gain * (sq[:b] + sq[b:])
+
+        def plain():
+            return forward(clean, rows, labels), tf.zeros([b])
+
+        e = c.penalty_every
+        if e == 1:
+            return penalized(1.0)
+        if isinstance(due, bool):
+            return penalized(float(e)) if due else plain()
+        return tf.cond(self.due(tf.cast(step, tf.int64), k),
+                       lambda: penalized(float(e)), plain)
+
+    def __call__(self, real, fake, labels, rows, step, k, due=None, gb=None):
         """penalty_weight x the per-example penalty [B] on what D saw; with
         penalty_every = e > 1 only in every e-th D update, times e (lazy regularization).
         A conditional D is evaluated with the real labels. `due`: None (decided in the
@@ -97,14 +179,14 @@ class UpdatePenalty:
         def compute(weight):
             return weight * self.fn(discriminator, real=real, fake=fake, noise=noise)
 
+        weight = self.weight(step, gb) if gb is not None else float(c.penalty_weight)
         e = c.penalty_every
         if e == 1:
-            return compute(float(c.penalty_weight))
+            return compute(weight)
         if isinstance(due, bool):  # Decided by the caller: one traced step for each.
-            return compute(float(c.penalty_weight) * e) if due else tf.zeros(
-                tf.shape(real)[:1])
+            return compute(weight * e) if due else tf.zeros(tf.shape(real)[:1])
         # The D update number is the same on every replica, so every replica takes the
         # same branch (D has no batch norm: no collective inside).
         return tf.cond(self.due(tf.cast(step, tf.int64), k),
-                       lambda: compute(float(c.penalty_weight) * e),
+                       lambda: compute(weight * e),
                        lambda: tf.zeros(tf.shape(real)[:1]))

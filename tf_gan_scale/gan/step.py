@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tf_gan_scale import latents, replica
 from tf_gan_scale.architectures import stylegan2
-from tf_gan_scale.gan import checks, losses, regularizers, step_evaluation
+from tf_gan_scale.gan import checks, losses, penalties, regularizers, step_evaluation
 from tf_gan_scale.gan import micro_batches as micro_lib
 from tf_gan_scale.gan.ada_controller import AdaController
 # NONFINITE codes, add_grads, phase_due, unpack and batch_rows live with their units and
@@ -171,17 +171,17 @@ class GanStep:
         return micro_lib.d_micro_batches(self, real, real_labels, rows, gb, step, k,
                                          penalty_due)
 
-    def g_micro_batches(self, rows, gb, step):
+    def g_micro_batches(self, rows, gb, step, real=None, real_labels=None):
         """G's micro-batches one after the other (`micro_batches.g_micro_batches`)."""
-        return micro_lib.g_micro_batches(self, rows, gb, step)
+        return micro_lib.g_micro_batches(self, rows, gb, step, real, real_labels)
 
     def penalty_due(self, step, k):
         """Whether D update k of step `step` carries a lazy penalty (`UpdatePenalty.due`)."""
         return self.update_penalty.due(step, k)
 
-    def penalty(self, real, fake, labels, rows, step, k, due=None):
+    def penalty(self, real, fake, labels, rows, step, k, due=None, gb=None):
         """The weighted per-example penalty [B] of D update k (`UpdatePenalty`)."""
-        return self.update_penalty(real, fake, labels, rows, step, k, due)
+        return self.update_penalty(real, fake, labels, rows, step, k, due, gb)
 
     def lazy_phases(self):
         """[(phase, interval)] run after the main updates (`LazyPhases.phases`)."""
@@ -208,7 +208,8 @@ class GanStep:
         c = self.config
         b = tf.shape(real)[0]
         z = latents.rows_normal(latents.key(self.seed, step, k), rows, [self.latent_dim])
-        fake_labels = self.fake_labels(step, k, rows)
+        # A paired loss conditions fake i on real i's label (R3GAN: G(z, real_c)).
+        fake_labels = real_labels if c.paired else self.fake_labels(step, k, rows)
         with self.topology.on("g"):
             fake, _ = self.fakes(z, fake_labels, rows, step, k)
         join = self.topology.join
@@ -216,20 +217,35 @@ class GanStep:
         # (dropout, augmentation, instance noise) is keyed by that global position.
         both_rows = join([rows, gb + rows])
         labels = join([real_labels, fake_labels])
-        x = self.d_inputs(join([real, fake]), both_rows, step, k)
+        clean = join([real, fake])
+
+        def forward(images, images_rows, images_labels):  # D's logits of what D sees.
+            with latents.example_rows(images_rows):
+                seen = self.d_inputs(images, images_rows, step, k)
+                return self.discriminate(seen, images_labels, training=True)
+
+        in_pass = penalties.on_clean_inputs(c.penalty)
+        if not in_pass:
+            x = self.d_inputs(clean, both_rows, step, k)
         with tf.GradientTape() as tape:
             # Real and fake go through D as ONE batch [2B, ...] (as in BigGAN-PyTorch): one
             # forward pass instead of two, and batch-norm statistics in D cover both halves.
-            with latents.example_rows(both_rows):
-                logits = self.discriminate(x, labels, training=True)
+            if in_pass:  # R1 + R2 through the augmentation, from this same pass.
+                logits, penalty = self.update_penalty.in_pass(
+                    forward, clean, both_rows, labels, step, k, gb, penalty_due)
+            else:
+                with latents.example_rows(both_rows):
+                    logits = self.discriminate(x, labels, training=True)
             real_logits, fake_logits = logits[:b], logits[b:]
             per_example = self.loss_fn(real_logits=real_logits, fake_logits=fake_logits).d
             if c.lecam_weight:
                 per_example += float(c.lecam_weight) * regularizers.lecam(
                     real_logits, fake_logits, self.lecam_anchors[0], self.lecam_anchors[1])
-            if self.penalty_fn is not None and not c.lazy_phases:
+            if in_pass:
+                per_example += penalty
+            elif self.penalty_fn is not None and not c.lazy_phases:
                 per_example += self.penalty(x[:b], x[b:], real_labels, rows, step, k,
-                                            penalty_due)
+                                            penalty_due, gb)
             # This replica's share of the global mean; the all-reduce sums the shares.
             share = replica.global_mean(per_example, gb)
             loss = self.d_optimizer.scale_loss(share)
@@ -241,16 +257,19 @@ class GanStep:
             means.append(tf.reduce_sum(tf.sign(real_logits)))
         return grads, share, means
 
-    def g_grads(self, rows, gb, step, regularize=True):
+    def g_grads(self, rows, gb, step, regularize=True, real=None, real_labels=None):
         """G's local gradients for the fakes of global rows `rows` [m] of a global batch
         of gb: (grads, this replica's share of the global mean G loss, plus the orthogonal
         regularizer's 1/N if `regularize`: once per update, not per micro-batch; the sum
-        of w [w_dim] over the rows for a style generator, else None)."""
+        of w [w_dim] over the rows for a style generator, else None). A paired loss
+        also reads G's own real rows `real` [m, ...] with labels [m]: fake i (with real
+        i's label) is judged against real i."""
         c = self.config
         on = self.topology.on
         z = latents.rows_normal(latents.key(self.seed, step, latents.G_PHASE), rows,
                                 [self.latent_dim])
-        labels = self.fake_labels(step, latents.G_PHASE, rows)
+        labels = (real_labels if c.paired else
+                  self.fake_labels(step, latents.G_PHASE, rows))
         variables = self.generator.trainable_variables
         with on("g"), tf.GradientTape() as g_tape:
             fake, w = self.fakes(z, labels, rows, step, latents.G_PHASE)
@@ -269,10 +288,22 @@ class GanStep:
         with on("d"):
             with tf.GradientTape() as d_tape:
                 d_tape.watch(fake)
-                x = self.d_inputs(fake, rows, step, latents.G_PHASE)
-                fake_logits = self.discriminate(x, labels, training=True)
-                # real_logits only feed the D term, which G's gradient ignores.
-                per_example = self.loss_fn(real_logits=fake_logits,
+                if c.paired:  # [real; fake] in one pass, keyed as in D's update.
+                    join = self.topology.join
+                    both_rows = join([rows, gb + rows])
+                    x = self.d_inputs(join([real, fake]), both_rows, step,
+                                      latents.G_PHASE)
+                    with latents.example_rows(both_rows):
+                        logits = self.discriminate(x, join([labels, labels]),
+                                                   training=True)
+                    m = tf.shape(fake)[0]
+                    real_logits, fake_logits = logits[:m], logits[m:]
+                else:
+                    x = self.d_inputs(fake, rows, step, latents.G_PHASE)
+                    fake_logits = self.discriminate(x, labels, training=True)
+                    # real_logits only feed the D term, which G's gradient ignores.
+                    real_logits = fake_logits
+                per_example = self.loss_fn(real_logits=real_logits,
                                            fake_logits=fake_logits).g
                 share = replica.global_mean(per_example, gb)
                 loss = self.g_optimizer.scale_loss(share)
@@ -326,15 +357,18 @@ class GanStep:
         self._count_skips(self.d_optimizer, skipped, "d_skip_rate")
         return d_loss, finite, count
 
-    def g_update(self, b, step, uneven):
+    def g_update(self, b, step, uneven, real=None, real_labels=None):
         """One G update on a fresh latent batch of size b (as K micro-batches with
         accumulation, as in `d_update`); returns (global mean G loss, finite, global sum
         of `uneven`) as `d_update`: `uneven` (this replica's verdict on the split of the
-        D batches) rides along, so every replica and worker reaches the same verdict."""
+        D batches) rides along, so every replica and worker reaches the same verdict.
+        A paired loss passes G's own real batch [b, ...] and labels [b]."""
         gb = replica.global_batch_size(b)
         rows = replica.global_rows(b)
+        reals = () if real is None else (real, real_labels)
         with self.topology.on("g"):  # D's passes inside go to D's device.
-            grads, shares, w_sums = self.topology.g_micro_batches(self, rows, gb, step)
+            grads, shares, w_sums = self.topology.g_micro_batches(self, rows, gb, step,
+                                                                  *reals)
             riders = [tf.add_n(shares), uneven] + ([tf.add_n(w_sums)] if w_sums else [])
             (g_loss, uneven, *w_sum), finite, norm, skipped = self.apply(
                 self.g_optimizer, grads, self.generator.trainable_variables, riders)
@@ -369,8 +403,9 @@ class GanStep:
         """One GAN step on this replica.
 
         Args:
-            data: with d_steps == 1 a batch; otherwise a tuple of `d_steps` batches, one
-                real batch per D update (the step loop packs them). A batch is
+            data: with `config.batches_per_step` == 1 a batch; otherwise a tuple of
+                that many batches (the step loop packs them): one real batch per D
+                update, then, with a paired loss, G's own real batch. A batch is
                 {"x": [B, ...], "label": [B]}, an (x, y) tuple or a tensor.
             penalty_due: None, or for a lazy penalty a Python bool per D update
                 (`penalty_due`), decided by the caller instead of in the graph.
@@ -383,7 +418,12 @@ class GanStep:
             when the global batch did not split evenly over the replicas (every replica
             divided by a global batch of replicas x its own rows: wrong).
         """
-        batches = (data,) if self.config.d_steps == 1 else tuple(data)
+        c = self.config
+        batches = (data,) if c.batches_per_step == 1 else tuple(data)
+        # A paired loss reads one more batch, G's own reals (the last one).
+        g_real = unpack(batches[-1], need_labels=bool(self.num_classes)) if c.paired \
+            else (None, None)
+        batches = batches[:c.d_steps]
         step = self.g_optimizer.iterations
         nonfinite = tf.constant(0, tf.int32)
         uneven = tf.constant(0.0)
@@ -401,7 +441,7 @@ class GanStep:
             # Trackers hold global values on every replica: updating them is local, and
             # reading them in replica context (the step loop) needs no collective.
             self._record("d_loss", d_loss)
-        g_loss, finite, uneven = self.g_update(batch_rows(real), step, uneven)
+        g_loss, finite, uneven = self.g_update(batch_rows(real), step, uneven, *g_real)
         nonfinite = tf.where(tf.logical_or(finite, nonfinite > 0), nonfinite, NONFINITE_G)
         nonfinite = tf.where(uneven > 0, UNEVEN, nonfinite)
         # Finite gradients can still overflow a weight or a moving variance (a huge

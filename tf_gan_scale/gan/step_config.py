@@ -20,7 +20,7 @@ from typing import Any
 
 import keras
 
-from tf_gan_scale import errors
+from tf_gan_scale import errors, schedules
 from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.gan import augment as augment_lib
 from tf_gan_scale.gan import checks, losses, penalties
@@ -28,6 +28,10 @@ from tf_gan_scale.gan import checks, losses, penalties
 ENGINES = ("replicas", "placement", "mesh", "pipeline")
 NOT_PIPELINED = ("replicas", "placement", "mesh")
 ADA = "ada"  # config.train.augment value of StyleGAN2-ADA's adaptive pipeline.
+R3GAN_AUGMENT = "r3gan"  # R3GAN's AugmentPipe: 'bgc', colour at half p, cutout (ada_pipes.py).
+# The augment values run by an AugmentPipe (gan/ada_pipes.py PIPES) on the p variable
+# `GAN.ada_p` (checkpointed), which ADA's controller moves when ada_interval > 0.
+ADA_PIPES = (ADA, R3GAN_AUGMENT)
 JIT_CHOICES = ("auto", "true", "false")
 
 
@@ -62,18 +66,23 @@ class StepConfig:
                          why="a second backward pass through every stage",
                          doc="a name in penalties.PENALTIES or a callable")
     penalty_weight: float = _knob(0.0, doc="weight of the per-example penalty in D's loss")
+    penalty_fd_sigma: float = _knob(0.0, doc="a penalty on D's clean inputs (r1_r2) by "
+                                             "finite difference with this step instead of "
+                                             "double backprop (0: exact)")
     penalty_every: int = _knob(1, doc="lazy regularization: the penalty every k-th D "
                                       "update, weight x k (a D without batch norm)")
     lecam_weight: float = _knob(0.0, engines=ENGINES,
                                 doc="LeCam regularization (Tseng et al. 2021)")
     lecam_decay: float = _knob(0.99, doc="decay of LeCam's EMA anchors")
     augment: str = _knob("", doc="DiffAugment policy, e.g. color,translation,cutout; or "
-                                 "'ada': StyleGAN2-ADA's adaptive bgc pipeline (gan/ada.py)")
+                                 "'ada': StyleGAN2-ADA's adaptive bgc pipeline (gan/ada.py); "
+                                 "or 'r3gan': R3GAN's AugmentPipe (bgc, colour at p/2, "
+                                 "cutout; gan/ada_pipes.py) at probability ada_p")
     ada_target: float = _knob(0.6, doc="ADA: the target of r_t = E[sign(D(real))]")
     ada_p: float = _knob(0.0, doc="ADA: the initial augmentation probability p")
     ada_kimg: float = _knob(500.0, doc="ADA: thousands of images for p to move by 1")
     ada_interval: int = _knob(4, doc="ADA: G steps between adjustments of p (0: p fixed "
-                                     "at ada_p)")
+                                     "at ada_p, or a schedule's; also for 'r3gan')")
     label_smoothing: float = _knob(0.0, doc="one-sided: D's real target is 1 - s "
                                             "(cross-entropy losses)")
     instance_noise: float = _knob(0.0, doc="std of Gaussian noise on every D input")
@@ -105,6 +114,11 @@ class StepConfig:
                                 doc="probability of mixing two latents at a cut-off layer "
                                     "(one draw per mbstd chunk) in a style generator")
 
+    # R3GAN's cosine schedules (schedules.py): {images, key: (base, final)}; the step
+    # reads penalty_weight's and ada_p's, training/build.py the optimizers' and the EMA's.
+    cosine: Any = _knob(None, doc="R3GAN's cosine schedules in images: a mapping of "
+                                  "images and (base, final) per schedules.COSINE_KEYS")
+
     @classmethod
     def names(cls):
         return [f.name for f in dataclasses.fields(cls)]
@@ -112,7 +126,27 @@ class StepConfig:
     @classmethod
     def from_train(cls, train):
         """The knobs config.train sets (its other keys are not the step's)."""
-        return cls(**{k: train[k] for k in cls.names() if k in train})
+        knobs = {k: train[k] for k in cls.names() if k in train}
+        if knobs.get("cosine") is not None:  # A ConfigDict: plain values.
+            knobs["cosine"] = {k: (tuple(v) if isinstance(v, (list, tuple)) else v)
+                               for k, v in dict(knobs["cosine"]).items()}
+        return cls(**knobs)
+
+    @property
+    def paired(self):
+        """Whether the loss pairs real row i with fake row i (losses.PAIRED): G's update
+        then reads its own real batch."""
+        return losses.paired(self.loss)
+
+    @property
+    def batches_per_step(self):
+        """Global real batches one step reads: one per D update, plus G's own with a
+        paired loss (R3GAN draws D's and G's reals apart: training_loop.py:287-305)."""
+        return self.d_steps + int(self.paired)
+
+    def schedule(self, key):
+        """The `schedules.Cosine` that drives knob `key`, or None."""
+        return schedules.cosine_schedules(self.cosine).get(key)
 
     # ---- validation --------------------------------------------------------------------
 
@@ -124,12 +158,14 @@ class StepConfig:
         several replicas (a TPUStrategy compiles every step anyway)."""
         losses.get(self.loss)
         penalties.get(self.penalty)
+        schedules.cosine_schedules(self.cosine)
         for key, low in (("d_steps", 1), ("accumulation_steps", 1), ("penalty_every", 1),
                          ("instance_noise_steps", 0), ("grad_pack_bytes", 0)):
             value = getattr(self, key)
             if not errors.is_int(value) or value < low:
                 raise _bad(key, value, f"an integer >= {low}")
-        for key in ("penalty_weight", "instance_noise", "lecam_weight", "ortho_weight"):
+        for key in ("penalty_weight", "instance_noise", "lecam_weight", "ortho_weight",
+                    "penalty_fd_sigma"):
             value = getattr(self, key)
             if not (errors.is_real(value) and math.isfinite(value) and value >= 0):
                 raise _bad(key, value, "a finite number >= 0")
@@ -156,13 +192,37 @@ class StepConfig:
             value = getattr(self, key)
             if not (errors.is_real(value) and 0.0 <= value < 1.0):
                 raise _bad(key, value, "in [0, 1)")
-        if self.augment != ADA:
+        if self.augment not in ADA_PIPES:
             augment_lib.check_policy(self.augment)
+        if self.schedule("ada_p") is not None and (self.augment not in ADA_PIPES
+                                                   or self.ada_interval):
+            # R3GAN sets p from its schedule alone: no controller moves it too.
+            raise errors.ConfigError(
+                f"config.train.cosine.ada_p sets the p of an AugmentPipe at every step; "
+                f"Received: augment={self.augment!r}, ada_interval={self.ada_interval}; "
+                f"valid: augment in {', '.join(ADA_PIPES)} with ada_interval=0, or "
+                f"cosine.ada_p=()")
         if self.label_smoothing and saved_name(self.loss, losses.LOSSES) \
                 not in losses.CROSS_ENTROPY:
             raise errors.ConfigError(
                 f"config.train.label_smoothing needs a cross-entropy loss; Received: "
                 f"config.train.loss={self.loss!r}; valid: {', '.join(losses.CROSS_ENTROPY)}")
+        if self.penalty_fd_sigma and not penalties.on_clean_inputs(self.penalty):
+            raise errors.ConfigError(
+                f"config.train.penalty_fd_sigma={self.penalty_fd_sigma} approximates a "
+                f"penalty on D's clean inputs; Received: config.train.penalty="
+                f"{self.penalty!r}; valid: {', '.join(penalties.ON_CLEAN_INPUTS)}, or "
+                f"penalty_fd_sigma=0")
+        if penalties.on_clean_inputs(self.penalty) and self.lazy_phases:
+            raise errors.ConfigError(
+                f"config.train.penalty={self.penalty!r} is taken in the main D pass; "
+                f"valid: lazy_phases=False (penalty_every makes it lazy)")
+        if discriminator is not None and penalties.on_clean_inputs(self.penalty) and \
+                checks.has_batch_norm(discriminator):
+            raise errors.ConfigError(
+                f"config.train.penalty={self.penalty!r} takes each example's gradient from "
+                f"one backward pass of the batch, which batch norm in D couples; valid: "
+                f"d_norm='none', or penalty='r1'")
         xla = self.xla  # A bad jit_compile value fails here.
         if self.lazy_phases and (self.d_steps != 1 or self.accumulation_steps != 1):
             raise errors.ConfigError(
@@ -212,6 +272,8 @@ class StepConfig:
         """Whether knob `name` changes the step from the plain one."""
         if name == "jit_compile":
             return self.xla
+        if name == "cosine":
+            return bool(schedules.cosine_schedules(self.cosine))
         default = next(f.default for f in dataclasses.fields(self) if f.name == name)
         return getattr(self, name) != default
 
@@ -221,9 +283,14 @@ class StepConfig:
         out = [f"config.train.{f.name}={getattr(self, f.name)!r} ({f.metadata['why']})"
                for f in dataclasses.fields(self)
                if engine not in f.metadata["engines"] and self.is_on(f.name)]
-        # A DiffAugment policy runs anywhere, ADA on replicas and meshes.
-        if self.augment == ADA and engine not in ("replicas", "mesh"):
-            out.append(f"config.train.augment={ADA!r} ({UNTESTED})")
+        if self.paired and engine not in ("replicas",):
+            out.append(f"config.train.loss={saved_name(self.loss, losses.LOSSES)!r} "
+                       f"({UNTESTED})")
+        if penalties.on_clean_inputs(self.penalty) and engine not in ("replicas",):
+            out.append(f"config.train.penalty={self.penalty!r} ({UNTESTED})")
+        # A DiffAugment policy runs anywhere, ADA's pipes on replicas and meshes.
+        if self.augment in ADA_PIPES and engine not in ("replicas", "mesh"):
+            out.append(f"config.train.augment={self.augment!r} ({UNTESTED})")
         return out
 
     # ---- (de)serialization for .keras files ----------------------------------------------

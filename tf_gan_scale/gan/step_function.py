@@ -4,7 +4,7 @@
 GAN owns this loop rather than Keras: Keras 3's own loop cannot run a GAN under
 multi-worker strategies (its scalar-log reduction, steps_per_execution > 1: see
 docs/notes/keras3_distribute.md), and a GAN needs two optimizers anyway. Per call it runs
-`steps_per_execution` GAN steps, each pulling `d_steps` batches from the distributed
+`steps_per_execution` GAN steps, each pulling `batches_per_step` batches from the distributed
 iterator, checks before the step what can be checked on this worker (an even split, the
 accumulation split: nothing is updated when it fails) and turns the step's verdicts into
 one-line errors after it, before any callback runs.
@@ -44,7 +44,7 @@ def unconverted_if_own(model, name):
 
 def make_train_function(model):
     """model's train function: `steps_per_execution` GAN steps per call, each pulling
-    `d_steps` batches from the distributed iterator and running `model.train_step` on
+    `batches_per_step` batches from the distributed iterator and running `model.train_step` on
     every replica.
 
     It returns the running means of the loss trackers. They hold global losses on every
@@ -56,7 +56,8 @@ def make_train_function(model):
     """
     strategy = model.distribute_strategy
     config = model.step_config
-    d_steps, accumulation = config.d_steps, config.accumulation_steps
+    # Batches per step: one per D update, plus G's own with a paired loss.
+    per_step, accumulation = config.batches_per_step, config.accumulation_steps
     steps = int(model.steps_per_execution or 1)
     step_fn = unconverted_if_own(model, "train_step")
     lazy = []  # (phase function, interval) of StyleGAN2's regularization phases.
@@ -74,12 +75,12 @@ def make_train_function(model):
         """Runs one GAN step; returns (code, step) of the first non-finite one."""
         code, at = first
         before = tf.identity(model.step)
-        batches = tuple(next(iterator) for _ in range(d_steps))
+        batches = tuple(next(iterator) for _ in range(per_step))
         # The step's ops wait for the split check: nothing is updated when it fails.
         with tf.control_dependencies(
                 checks.assert_even_split(strategy, batches)
                 + checks.assert_accumulation_split(strategy, batches, accumulation)):
-            out = strategy.run(step_fn, args=(batches if d_steps > 1 else batches[0],))
+            out = strategy.run(step_fn, args=(batches if per_step > 1 else batches[0],))
         new = strategy.experimental_local_results(out[NONFINITE])[0]
         for phase, every in lazy:
             # StyleGAN2's lazy phases, after the main D and G updates of step `before`.

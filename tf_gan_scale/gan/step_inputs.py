@@ -13,9 +13,9 @@ import tensorflow as tf
 from tf_gan_scale import latents
 from tf_gan_scale.architectures import stylegan2
 from tf_gan_scale.architectures.calls import call_generator
-from tf_gan_scale.gan import ada as ada_lib
+from tf_gan_scale.gan import ada_pipes
 from tf_gan_scale.gan import augment as augment_lib
-from tf_gan_scale.gan.step_config import ADA
+from tf_gan_scale.gan.step_config import ADA_PIPES
 
 
 def unpack(batch, need_labels=False):
@@ -54,7 +54,8 @@ class StepInputs:
         config: a validated `StepConfig` (augment, instance_noise, style_mixing,
             pl_batch_shrink are read here).
         latent_dim, seed, num_classes: as `GAN`'s.
-        ada_p: with augment="ada", ADA's probability p (float32 scalar variable), else None.
+        ada_p: with augment "ada" or "r3gan" (ADA_PIPES), the pipe's probability p (float32
+            scalar variable), else None.
 
     Attributes: `style` (mapping, synthesis) of a style generator, else None; `chunk`, its
     virtual chunk of global rows (D's minibatch-std chunk), which keys the per-chunk draws.
@@ -91,14 +92,15 @@ class StepInputs:
                                    rows, self.num_classes)
 
     def d_inputs(self, x, rows, step, phase):
-        """What D sees of images x [L, ...] with global rows [L]: DiffAugment, then
-        instance noise. Every draw is per example (keyed by the global row) and drawn
-        afresh per update (phase), so N replicas match one device and resume is exact."""
+        """What D sees of images x [L, ...] with global rows [L]: DiffAugment or an
+        AugmentPipe (ada_pipes.PIPES: "ada", "r3gan"), then instance noise. Every draw is
+        per example (keyed by the global row) and drawn afresh per update (phase), so N
+        replicas match one device and resume is exact."""
         c = self.config
-        if c.augment == ADA:
-            x = ada_lib.augment(x, tf.convert_to_tensor(self.ada_p),
-                                latents.key(self.seed, step, latents.AUGMENT_PHASE + phase),
-                                rows)
+        if c.augment in ADA_PIPES:
+            x = ada_pipes.augment(
+                x, tf.convert_to_tensor(self.ada_p),
+                latents.key(self.seed, step, latents.AUGMENT_PHASE + phase), rows, c.augment)
         elif c.augment:
             x = augment_lib.augment(
                 x, c.augment, latents.key(self.seed, step, latents.AUGMENT_PHASE + phase), rows)

@@ -392,7 +392,7 @@ def time_input(config, strategy, source, *, strategy_name, steps, warmup, repeat
     input_fn = data.input_fn(source, global_batch_size=t.global_batch_size, seed=config.seed)
     with strategy.scope():
         model = build.build_gan(config, source.shape, source.num_classes)
-    per_call = t.d_steps * model.steps_per_execution
+    per_call = model.step_config.batches_per_step * model.steps_per_execution
     train_data = data.distribute(input_fn, strategy)
     step_times, pipeline = [], []
     for _ in range(repeats):  # Interleaved, as with the baseline.
@@ -409,7 +409,7 @@ def time_input(config, strategy, source, *, strategy_name, steps, warmup, repeat
     step_time = min(step_times)
     pipe = max(pipeline, key=lambda p: p["batches_per_sec"])
     step_rate = 1.0 / step_time
-    train_batches = step_rate * t.d_steps
+    train_batches = step_rate * model.step_config.batches_per_step
     return {
         "source": source.name, "strategy": strategy_name,
         "replicas": strategy.num_replicas_in_sync, "global_batch": t.global_batch_size,

@@ -21,23 +21,82 @@ OPTIMIZERS = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
               "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
 
 
-def make_optimizer(cfg, schedule=None):
+def make_optimizer(cfg, schedule=None, cosine=None):
     """Optimizer from a config dict {"name": ..., **kwargs}; bad names/keys raise ConfigError.
 
     schedule: optional (decay, warmup_steps, total_steps) for `schedules.WarmupDecay`
-    around the config's learning_rate, in this optimizer's own update count."""
+    around the config's learning_rate, in this optimizer's own update count.
+    cosine: optional {"learning_rate" and/or "beta_2": schedules.CosineSchedule} (R3GAN's,
+    `cosine_options`) in place of the config's values; a beta_2 schedule makes the Adam
+    a `schedules.TorchAdam` (torch's update, as R3GAN's)."""
     cfg = dict(cfg)
     cls = errors.choose("optimizer", cfg.pop("name", None), OPTIMIZERS)
-    if schedule is not None and "learning_rate" in cfg:
+    cosine = cosine or {}
+    if "learning_rate" in cosine:
+        cfg["learning_rate"] = cosine["learning_rate"]
+    elif schedule is not None and "learning_rate" in cfg:
         decay, warmup, total = schedule
         if decay != "none" or warmup:
             cfg["learning_rate"] = schedules.WarmupDecay(cfg["learning_rate"], decay=decay,
                                                          warmup_steps=warmup,
                                                          total_steps=total)
+    if "beta_2" in cosine:
+        cls, cfg["beta_2"] = schedules.TorchAdam, cosine["beta_2"]
     try:
         return cls(**cfg)
     except (TypeError, ValueError) as e:
         raise errors.ConfigError(f"bad optimizer config {dict(cfg)}: {e}") from None
+
+
+def cosine_options(train):
+    """R3GAN's cosine schedules of config.train.cosine (schedules.py) that the optimizers
+    and the EMA take: ({key: schedules.CosineSchedule} for G's optimizer, the same for
+    D's (evaluated at G step = D's updates // d_steps), the EMA's (base_kimg, final_kimg,
+    total_images) or None). The step reads penalty_weight's and ada_p's itself.
+
+    Raises ConfigError (one line) for a schedule together with another schedule of the
+    same value (lr_decay, lr_warmup_steps, ema.decay, ema.rampup), with lazy_phases (its
+    learning-rate and beta adjustment), or beta_2 for an optimizer other than adam."""
+    cos = schedules.cosine_schedules(train.get("cosine"))
+    if not cos:
+        return {}, {}, None
+    if "learning_rate" in cos and (train.get("lr_decay", "none") != "none"
+                                   or train.get("lr_warmup_steps", 0)):
+        raise errors.ConfigError(
+            f"config.train.cosine.learning_rate is a learning-rate schedule of its own; "
+            f"Received: lr_decay={train.get('lr_decay')!r}, lr_warmup_steps="
+            f"{train.get('lr_warmup_steps')}; valid: lr_decay='none' and lr_warmup_steps=0, "
+            f"or cosine.learning_rate=()")
+    for key in ("learning_rate", "beta_2"):
+        if key in cos and train.get("lazy_phases", False):
+            raise errors.ConfigError(
+                f"config.train.cosine.{key} cannot run with lazy_phases=True (which "
+                f"adjusts the optimizers' rates and betas); valid: lazy_phases=False, or "
+                f"cosine.{key}=()")
+    if "beta_2" in cos:
+        for net in ("g", "d"):
+            name = train[f"{net}_optimizer"].get("name")
+            if name != "adam":
+                raise errors.ConfigError(
+                    f"config.train.cosine.beta_2 schedules Adam's beta_2; Received: "
+                    f"config.train.{net}_optimizer.name={name!r}; valid: 'adam', or "
+                    f"cosine.beta_2=()")
+    ema = train.get("ema") or {}
+    if "ema_kimg" in cos and (ema.get("decay", 0.0) or ema.get("rampup", 0.0)):
+        raise errors.ConfigError(
+            f"config.train.cosine.ema_kimg is an EMA half-life schedule of its own; "
+            f"Received: ema.decay={ema.get('decay')}, ema.rampup={ema.get('rampup')}; "
+            f"valid: ema.decay=0 and ema.rampup=0, or cosine.ema_kimg=()")
+    batch = int(train.global_batch_size)
+
+    def optimizer(updates_per_step):
+        return {key: schedules.CosineSchedule(c.base, c.final, c.total_images, batch,
+                                              updates_per_step)
+                for key, c in cos.items() if key in ("learning_rate", "beta_2")}
+
+    c = cos.get("ema_kimg")
+    ema_cosine = None if c is None else (c.base, c.final, c.total_images)
+    return optimizer(1), optimizer(int(train.get("d_steps", 1))), ema_cosine
 
 
 def lazy_adjusted(train):
@@ -122,21 +181,23 @@ def build_gan(config, data_shape, data_classes=0, placement=""):
         normalization.set_group_size(net, config.model.get("sync_bn_group_size", 0))
     t = config.train
     ema = t.get("ema") or {}
+    g_cosine, d_cosine, ema_cosine = cosine_options(t)
     # config.model.sync_bn=False asks for per-replica batch norm: keep it so.
     model = GAN(g, d, config.model.latent_dim, seed=config.seed,
                         sync_batch_norm="auto" if config.model.get("sync_bn", True) else False,
                         num_classes=classes, ema_decay=ema.get("decay", 0.0),
                         ema_start=ema.get("start", 0), ema_warmup=ema.get("warmup", 0),
                         ema_kimg=ema.get("kimg", 0.0), ema_rampup=ema.get("rampup", 0.0),
-                        ema_batch_size=t.global_batch_size)
+                        ema_batch_size=t.global_batch_size, ema_cosine=ema_cosine)
     if placement:  # G and D on two devices of this process, before the optimizers exist.
         placement_lib.place(model, placement_lib.devices(placement_lib.parse(placement)))
     decay, warmup = t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0)
     mode = t.get("precision", "float32")
     # Schedules count each optimizer's own updates: D makes d_steps per G step.
     g_cfg, d_cfg = lazy_adjusted(t)
-    g_opt = make_optimizer(g_cfg, (decay, warmup, t.num_steps))
-    d_opt = make_optimizer(d_cfg, (decay, warmup * t.d_steps, t.num_steps * t.d_steps))
+    g_opt = make_optimizer(g_cfg, (decay, warmup, t.num_steps), g_cosine)
+    d_opt = make_optimizer(d_cfg, (decay, warmup * t.d_steps, t.num_steps * t.d_steps),
+                           d_cosine)
     # The step's knobs are config.train keys of the same names (StepConfig).
     model.compile(g_optimizer=precision.optimizer(g_opt, mode),
                   d_optimizer=precision.optimizer(d_opt, mode),

@@ -116,6 +116,7 @@ def validate(config, num_replicas):
         ema_lib.check_kimg(t.ema.get("kimg", 0.0), t.ema.get("rampup", 0.0),
                            t.global_batch_size, prefix="config.train.ema.")
     schedules.check(t.get("lr_decay", "none"), t.get("lr_warmup_steps", 0), t.num_steps)
+    build.cosine_options(t)  # R3GAN's schedules of the optimizers and the EMA.
     _check_eval(config.get("eval"))
     for key in ("num_steps", "log_every"):
         if int(t[key]) % build.steps_per_execution(config):
@@ -233,9 +234,10 @@ def prepare_run(config, run_dir, *, num_replicas, scope=None, check=None, placem
     found = checkpoints.restore(ckpt_dir, checkpoint, found=found)
     restored = found.path
     start = int(model.step.numpy())
-    # Data position: each generator step consumed d_steps global batches.
+    # Data position: each generator step consumed batches_per_step global batches.
+    per_step = StepConfig.from_train(t).batches_per_step
     input_fn = data.input_fn(source, global_batch_size=t.global_batch_size, seed=config.seed,
-                             start_batch=start * t.d_steps)
+                             start_batch=start * per_step)
     return Prepared(source, model, checkpoint, restored, start, input_fn,
                     record.segments_after(segments, config, start, changes),
                     damaged=found.damaged)

@@ -1,0 +1,34 @@
+"""R3GAN "config E" ImageNet at 32x32, class-conditional (Huang et al. 2024, arXiv:2501.05441).
+
+    python -m tf_gan_scale.main --config=experiments/r3gan_imagenet32.py \
+        --workdir=/tmp/r3gan_imagenet32 --strategy=mirrored
+
+The official preset (brownvc/R3GAN train.py:230-247; README: --gpus=32 --batch=4096
+--mirror=1 --aug=1 --cond=1 --preset=ImageNet-32), frozen by `configs.r3gan("imagenet32")`:
+widths 1536 x4 (4x4..32x32), 2 blocks per stage, cardinality 96 (32 channels per group), G
+stages 8,16,32 / D 32,16,8 in bfloat16; noise 64, expansion 2, global batch 4096. G
+82,914,304 and D 86,548,992 parameters, exactly the official's (counted by building its
+networks: tests/architectures/test_r3gan.py). Data: tfds:imagenet_resized/32x32 (downsampled
+ImageNet, 1000 classes; the official prepares its own imagenet-32x32.zip with
+dataset_tool.py, which may resize differently).
+
+The official schedules (cosine over T = 2e8 images, no warm-up, constant after; all start at
+the first value): lr 2e-4 -> 5e-5 (G and D), Adam beta_2 0.9 -> 0.99 (beta_1 0, eps 1e-8),
+gamma (R1 = R2 weight) 0.5 -> 0.05, EMA half-life 0 -> 50,000,000 images, augmentation p 0
+-> 0.5 (not adaptive; R3GAN's pipe: 'bgc' with the colour probabilities halved, plus
+cutout). configs.r3gan sets them all (config.train.cosine; augment "r3gan"). num_steps = T /
+batch (48,829), the schedules' end: the official code sets no training length. Not here:
+--mirror=1 (x-flipped copies of the data).
+
+Hardware and cost: 32 GPUs in the README (batch 128 per GPU; the official launcher is
+single-node, so that command does not run as written); not measured on a GPU here. Expected
+result: the paper reports an FID for this preset (its protocol: fid50k_full of the EMA
+generator; the figure is not copied here: not checked against the paper); not reproduced
+here."""
+
+from tf_gan_scale import configs
+
+
+def get_config():
+    c = configs.r3gan("imagenet32")
+    return c
