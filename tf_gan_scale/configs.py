@@ -63,6 +63,7 @@ def base():
     c.train.ema.rampup = 0.0
     # Stabilizers (GAN.compile documents each): 0 / "" = off.
     c.train.penalty_every = 1         # Lazy penalty: every k-th D update, weight x k.
+    c.train.penalty_fd_sigma = 0.0    # r1_r2 by finite difference with this step (0: exact).
     c.train.augment = ""              # DiffAugment policy: color,translation,cutout; or
     c.train.ada_target = 0.6          # "ada": StyleGAN2-ADA's adaptive pipeline, whose p
     c.train.ada_p = 0.0               # starts here and moves by 1 per ada_kimg x 1000
