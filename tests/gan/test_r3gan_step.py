@@ -245,3 +245,26 @@ def test_a_paired_fake_takes_its_real_rows_label():
     model.gan_step.inputs.fakes = spy
     model.gan_step.d_grads(REAL[:4], labels, rows(0, 4), 4, STEP, 0)
     assert not np.array_equal(seen[-1], labels.numpy())
+
+
+def test_held_out_losses_pair_fakes_with_the_reals_labels(monkeypatch):
+    from tf_gan_scale.gan import step_evaluation
+    keras.utils.set_random_seed(0)
+    g, d = architectures.build("stylegan2", data_shape=(8, 8, 1), latent_dim=8,
+                               num_classes=3, w_dim=8, mapping_layers=2, fmaps=1 / 256,
+                               channel_max=8, mbstd_group=1)
+    model = GAN(g, d, 8, seed=5, num_classes=3)
+    model.compile(g_optimizer=keras.optimizers.SGD(0.1),
+                  d_optimizer=keras.optimizers.SGD(0.1), loss="rpgan")
+    seen = []
+    call = step_evaluation.call_generator
+
+    def spy(sampler, z, labels, **kwargs):
+        seen.append(labels.numpy())
+        return call(sampler, z, labels, **kwargs)
+
+    monkeypatch.setattr(step_evaluation, "call_generator", spy)
+    labels = tf.constant([2, 0, 1, 2], tf.int32)
+    out = model.gan_step.evaluate({"x": REAL[:4], "label": labels})
+    np.testing.assert_array_equal(seen[-1], labels.numpy())
+    assert np.isfinite(float(out["g_loss"]))

@@ -43,6 +43,8 @@ def evaluate(data, offset=0, fid=None, *, inputs, sampler, loss_fn, trackers):
                                         latents.EVAL_PHASE), offset + rows,
                             [inputs.latent_dim])
     fake_labels = inputs.fake_labels(latents.SAMPLE_STEP, latents.EVAL_PHASE, offset + rows)
+    if inputs.config.paired and inputs.num_classes:  # Fake i takes real i's label, as
+        fake_labels = real_labels                     # in training (losses.PAIRED).
 
     def local_sums():
         fake = call_generator(sampler, z, fake_labels, training=False)
