@@ -121,9 +121,14 @@ def cosine_schedules(cosine):
                                  f"no schedules); Received: {total!r}")
     out = {}
     for key, pair in cosine.items():
-        if pair is None or len(tuple(pair)) == 0:
+        if pair is None:
             continue
+        if not isinstance(pair, (tuple, list)):
+            raise errors.ConfigError(f"config.train.cosine.{key} must be () or (base, "
+                                     f"final); Received: {pair!r}")
         pair = tuple(pair)
+        if not pair:
+            continue
         if len(pair) != 2 or not all(errors.is_real(v) and math.isfinite(v) and v >= 0
                                      for v in pair):
             raise errors.ConfigError(f"config.train.cosine.{key} must be () or (base, "

@@ -142,6 +142,7 @@ def test_ada_p_is_set_from_the_schedule_every_step():
     ({"g_optimizer.name": "sgd"}, "g_optimizer.name='sgd'"),
     ({"ema.decay": 0.999}, "ema.decay=0.999"),
     ({"ema.rampup": 0.05}, "ema.rampup=0.05"),
+    ({"ema.kimg": 10.0}, "ema.kimg=10.0"),
 ])
 def test_conflicting_settings_are_refused_in_one_line(change, words):
     c = tiny_config()

@@ -213,6 +213,13 @@ class StepConfig:
                 f"penalty on D's clean inputs; Received: config.train.penalty="
                 f"{self.penalty!r}; valid: {', '.join(penalties.ON_CLEAN_INPUTS)}, or "
                 f"penalty_fd_sigma=0")
+        if self.schedule("penalty_weight") is not None and (
+                saved_name(self.penalty, penalties.PENALTIES) == "none" or self.lazy_phases):
+            raise errors.ConfigError(
+                f"config.train.cosine.penalty_weight schedules the weight of a penalty in "
+                f"the main D update; Received: penalty={self.penalty!r}, lazy_phases="
+                f"{self.lazy_phases}; valid: a penalty with lazy_phases=False, or "
+                f"cosine.penalty_weight=()")
         if penalties.on_clean_inputs(self.penalty) and self.lazy_phases:
             raise errors.ConfigError(
                 f"config.train.penalty={self.penalty!r} is taken in the main D pass; "

@@ -82,11 +82,12 @@ def cosine_options(train):
                     f"config.train.{net}_optimizer.name={name!r}; valid: 'adam', or "
                     f"cosine.beta_2=()")
     ema = train.get("ema") or {}
-    if "ema_kimg" in cos and (ema.get("decay", 0.0) or ema.get("rampup", 0.0)):
+    if "ema_kimg" in cos and (ema.get("decay", 0.0) or ema.get("rampup", 0.0)
+                              or ema.get("kimg", 0.0)):
         raise errors.ConfigError(
             f"config.train.cosine.ema_kimg is an EMA half-life schedule of its own; "
-            f"Received: ema.decay={ema.get('decay')}, ema.rampup={ema.get('rampup')}; "
-            f"valid: ema.decay=0 and ema.rampup=0, or cosine.ema_kimg=()")
+            f"Received: ema.decay={ema.get('decay')}, ema.kimg={ema.get('kimg')}, "
+            f"ema.rampup={ema.get('rampup')}; valid: all 0, or cosine.ema_kimg=()")
     batch = int(train.global_batch_size)
 
     def optimizer(updates_per_step):
