@@ -17,8 +17,8 @@ steps (64 kimg). Not an official preset (the
 official code has none for MNIST; the paper's Stacked MNIST setup is not in it). G 274,848
 and D 266,784 parameters.
 
-Cost: 0.89-1.24 s per step (a D update with R1 + R2, a G update) on the shared 2-core CPU
-(tools/benchmark.py, docs/performance.md "R3GAN"), so ~30-40 minutes. Results: not
+Cost: 0.38-0.41 s per step (a D update with R1 + R2, a G update) on the 2-core CPU with
+nothing else running (tools/benchmark.py, docs/performance.md "R3GAN"), so ~13-14 minutes. Results: not
 measured yet (issue 50's MNIST comparison).
 """
 
