@@ -95,10 +95,13 @@ class Cosine:
         self.base, self.final = float(base), float(final)
         self.total_images = float(total_images)
 
-    def at(self, step, batch_size):
+    def value64(self, step, batch_size):
+        """The value (float64 tensor) after `step` steps of `batch_size` images."""
         images = tf.cast(step, tf.float64) * tf.cast(batch_size, tf.float64)
-        return tf.cast(cosine_value(images, self.base, self.final, self.total_images),
-                       tf.float32)
+        return cosine_value(images, self.base, self.final, self.total_images)
+
+    def at(self, step, batch_size):
+        return tf.cast(self.value64(step, batch_size), tf.float32)
 
     def __repr__(self):
         return f"Cosine({self.base} -> {self.final} over {self.total_images:g} images)"
@@ -163,9 +166,7 @@ class CosineSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def value64(self, iterations):
         """The value (float64 tensor) for the update `iterations` counts."""
         step = tf.math.floordiv(tf.cast(iterations, tf.int64), self.updates_per_step)
-        images = tf.cast(step, tf.float64) * float(self.batch_size)
-        c = self.cosine
-        return cosine_value(images, c.base, c.final, c.total_images)
+        return self.cosine.value64(step, self.batch_size)
 
     def __call__(self, iterations):
         return tf.cast(self.value64(iterations), tf.float32)

@@ -33,6 +33,18 @@ def tiny(**knobs):
     return model
 
 
+def tiny_conditional():
+    """A tiny class-conditional (3 classes) StyleGAN2 compiled with the paired loss."""
+    keras.utils.set_random_seed(0)
+    g, d = architectures.build("stylegan2", data_shape=(8, 8, 1), latent_dim=8,
+                               num_classes=3, w_dim=8, mapping_layers=2, fmaps=1 / 256,
+                               channel_max=8, mbstd_group=1)
+    model = GAN(g, d, 8, seed=5, num_classes=3)
+    model.compile(g_optimizer=keras.optimizers.SGD(0.1),
+                  d_optimizer=keras.optimizers.SGD(0.1), loss="rpgan")
+    return model
+
+
 REAL = tf.random.stateless_uniform([GB, 8, 8, 1], seed=[1, 2], minval=-1.0, maxval=1.0)
 G_REAL = tf.random.stateless_uniform([GB, 8, 8, 1], seed=[3, 4], minval=-1.0, maxval=1.0)
 LABELS = tf.zeros([GB], tf.int32)
@@ -69,8 +81,8 @@ def test_rpgan_pairs_by_row_and_only_it_is_paired():
     # Swapping the reals' order changes every term: the pairing is by row.
     swapped = losses.relativistic(real_logits=real[::-1], fake_logits=fake)
     assert not np.allclose(swapped.d, out.d)
-    assert losses.paired("rpgan") and losses.paired(losses.relativistic)
-    assert not any(losses.paired(n) for n in losses.LOSSES if n != "rpgan")
+    assert StepConfig(loss="rpgan").paired and StepConfig(loss=losses.relativistic).paired
+    assert not any(StepConfig(loss=n).paired for n in losses.LOSSES if n != "rpgan")
     assert StepConfig(loss="rpgan").batches_per_step == 2
     assert StepConfig(loss="rpgan", d_steps=2).batches_per_step == 3
     assert StepConfig(loss="hinge", d_steps=2).batches_per_step == 2
@@ -224,13 +236,7 @@ def test_r1_r2_refuses_batch_norm_in_d_and_engines_not_tested():
 
 def test_a_paired_fake_takes_its_real_rows_label():
     """R3GAN calls G with the real batch's labels in both updates (Trainer.py:15,30)."""
-    keras.utils.set_random_seed(0)
-    g, d = architectures.build("stylegan2", data_shape=(8, 8, 1), latent_dim=8,
-                               num_classes=3, w_dim=8, mapping_layers=2, fmaps=1 / 256,
-                               channel_max=8, mbstd_group=1)
-    model = GAN(g, d, 8, seed=5, num_classes=3)
-    model.compile(g_optimizer=keras.optimizers.SGD(0.1),
-                  d_optimizer=keras.optimizers.SGD(0.1), loss="rpgan")
+    model = tiny_conditional()
     gs = model.gan_step
     seen = []
     fakes = gs.inputs.fakes
@@ -254,13 +260,7 @@ def test_a_paired_fake_takes_its_real_rows_label():
 
 def test_held_out_losses_pair_fakes_with_the_reals_labels(monkeypatch):
     from tf_gan_scale.gan import step_evaluation
-    keras.utils.set_random_seed(0)
-    g, d = architectures.build("stylegan2", data_shape=(8, 8, 1), latent_dim=8,
-                               num_classes=3, w_dim=8, mapping_layers=2, fmaps=1 / 256,
-                               channel_max=8, mbstd_group=1)
-    model = GAN(g, d, 8, seed=5, num_classes=3)
-    model.compile(g_optimizer=keras.optimizers.SGD(0.1),
-                  d_optimizer=keras.optimizers.SGD(0.1), loss="rpgan")
+    model = tiny_conditional()
     seen = []
     call = step_evaluation.call_generator
 

@@ -119,18 +119,16 @@ class GeneratorEMA:
 
     def decay_at(self, step):
         """d_t (float32 scalar tensor) for generator step `step` (counted after the update)."""
-        if self.cosine is not None:
-            batch, c = float(self.batch_size), self.cosine
-            seen = (tf.cast(step, tf.float64) - 1.0) * batch  # Before this iteration.
-            images = 1000.0 * schedules.cosine_value(seen, c.base, c.final, c.total_images)
-            decay = tf.pow(tf.constant(0.5, tf.float64), batch / tf.maximum(images, 1e-8))
-            return tf.cast(decay, tf.float32)
-        if self.half_life_kimg:
+        if self.cosine is not None or self.half_life_kimg:
+            # A half-life of h images: d = 0.5 ^ (B / max(h, 1e-8)).
             batch = float(self.batch_size)
-            images = tf.constant(self.half_life_kimg * 1000.0, tf.float64)
-            if self.rampup:
-                seen = (tf.cast(step, tf.float64) - 1.0) * batch
-                images = tf.minimum(images, seen * self.rampup)
+            if self.cosine is not None:  # At the images before this iteration.
+                images = 1000.0 * self.cosine.value64(tf.cast(step, tf.int64) - 1, batch)
+            else:
+                images = tf.constant(self.half_life_kimg * 1000.0, tf.float64)
+                if self.rampup:
+                    seen = (tf.cast(step, tf.float64) - 1.0) * batch
+                    images = tf.minimum(images, seen * self.rampup)
             decay = tf.pow(tf.constant(0.5, tf.float64), batch / tf.maximum(images, 1e-8))
             return tf.cast(decay, tf.float32)
         t = tf.cast(step, tf.float32) - float(self.start)

@@ -81,13 +81,8 @@ LOSSES = {
 CROSS_ENTROPY = ("non_saturating", "minimax")
 
 # Losses that pair real row i with fake row i in BOTH updates: G's term depends on D's
-# logits of real rows, so G's update needs a real batch (`paired`).
+# logits of real rows, so G's update needs a real batch (`StepConfig.paired`).
 PAIRED = ("rpgan",)
-
-
-def paired(loss):
-    """Whether `loss` (a name or one of LOSSES' functions) pairs reals and fakes by row."""
-    return any(loss == name or loss is LOSSES[name] for name in PAIRED)
 
 
 def smooth_real_labels(loss_fn, smoothing):

@@ -64,13 +64,8 @@ PENALTIES = {"none": None, "wgan_gp": wgan_gp, "r1": r1, "r1_r2": r1_r2}
 # Penalties on D's clean inputs: taken in the main D pass, with the gradient through the
 # augmentation (R3GAN's choice; it needs a differentiable augmentation, which every
 # policy here is), instead of on what D saw in a pass of their own.
+# (`StepConfig.in_pass`).
 ON_CLEAN_INPUTS = ("r1_r2",)
-
-
-def on_clean_inputs(penalty):
-    """Whether `penalty` (a name or one of PENALTIES' functions) is taken in D's main pass
-    on the clean inputs."""
-    return any(penalty == name or penalty is PENALTIES[name] for name in ON_CLEAN_INPUTS)
 
 
 def get(name):
@@ -154,39 +149,39 @@ class UpdatePenalty:
         def plain():
             return forward(clean, rows, labels), tf.zeros([b])
 
-        e = c.penalty_every
+        return self._lazily(penalized, plain, step, k, due)
+
+    def _lazily(self, penalized, plain, step, k, due):
+        """penalized(gain) in every penalty_every-th D update, at gain penalty_every, and
+        plain() in the others (lazy regularization); penalized(1.0) when e = 1. `due`:
+        None (a cond on the step in the graph) or the caller's Python bool (`due`)."""
+        e = self.config.penalty_every
         if e == 1:
             return penalized(1.0)
-        if isinstance(due, bool):
+        if isinstance(due, bool):  # Decided by the caller: one traced step for each.
             return penalized(float(e)) if due else plain()
+        # The D update number is the same on every replica, so every replica takes the
+        # same branch (D has no batch norm: no collective inside).
         return tf.cond(self.due(tf.cast(step, tf.int64), k),
                        lambda: penalized(float(e)), plain)
 
-    def __call__(self, real, fake, labels, rows, step, k, due=None, gb=None):
+    def __call__(self, real, fake, labels, rows, step, k, gb, due=None):
         """penalty_weight x the per-example penalty [B] on what D saw; with
         penalty_every = e > 1 only in every e-th D update, times e (lazy regularization).
         A conditional D is evaluated with the real labels. `due`: None (decided in the
         graph, a cond on the step) or the Python bool `due` gave the caller for this
         update (an engine that cannot run the cond: a DTensor mesh has no layout
-        propagation for its OptionalFromValue)."""
-        c = self.config
+        propagation for its OptionalFromValue). gb: the global batch (the weight's
+        schedule counts images)."""
         noise = latents.rows_uniform(
             latents.key(self.seed, step, latents.PENALTY_PHASE + k), rows, [])
 
         def discriminator(x, training=True):
             return self.discriminate(x, labels, training=training)
 
-        def compute(weight):
-            return weight * self.fn(discriminator, real=real, fake=fake, noise=noise)
+        weight = self.weight(step, gb)
 
-        weight = self.weight(step, gb) if gb is not None else float(c.penalty_weight)
-        e = c.penalty_every
-        if e == 1:
-            return compute(weight)
-        if isinstance(due, bool):  # Decided by the caller: one traced step for each.
-            return compute(weight * e) if due else tf.zeros(tf.shape(real)[:1])
-        # The D update number is the same on every replica, so every replica takes the
-        # same branch (D has no batch norm: no collective inside).
-        return tf.cond(self.due(tf.cast(step, tf.int64), k),
-                       lambda: compute(weight * e),
-                       lambda: tf.zeros(tf.shape(real)[:1]))
+        def penalized(gain):
+            return weight * gain * self.fn(discriminator, real=real, fake=fake, noise=noise)
+
+        return self._lazily(penalized, lambda: tf.zeros(tf.shape(real)[:1]), step, k, due)

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tf_gan_scale import latents, replica
 from tf_gan_scale.architectures import stylegan2
-from tf_gan_scale.gan import checks, losses, penalties, regularizers, step_evaluation
+from tf_gan_scale.gan import checks, losses, regularizers, step_evaluation
 from tf_gan_scale.gan import micro_batches as micro_lib
 from tf_gan_scale.gan.ada_controller import AdaController
 # NONFINITE codes, add_grads, phase_due, unpack and batch_rows live with their units and
@@ -158,6 +158,14 @@ class GanStep:
         """What D sees of images x [L, ...] (`StepInputs.d_inputs`)."""
         return self.inputs.d_inputs(x, rows, step, phase)
 
+    def seen_logits(self, images, rows, labels, step, phase):
+        """D's logits [n] (training mode) of what D sees of images [n, ...] with global
+        rows [n] and labels [n] in latents phase `phase`: `d_inputs`, then D, per-example
+        draws keyed by the rows."""
+        with latents.example_rows(rows):
+            return self.discriminate(self.d_inputs(images, rows, step, phase), labels,
+                                     training=True)
+
     def fakes(self, z, labels, rows, step, phase, training=True):
         """G's images [m, ...] and w [m, w_dim] or None (`StepInputs.fakes`)."""
         return self.inputs.fakes(z, labels, rows, step, phase, training)
@@ -179,9 +187,9 @@ class GanStep:
         """Whether D update k of step `step` carries a lazy penalty (`UpdatePenalty.due`)."""
         return self.update_penalty.due(step, k)
 
-    def penalty(self, real, fake, labels, rows, step, k, due=None, gb=None):
+    def penalty(self, real, fake, labels, rows, step, k, gb, due=None):
         """The weighted per-example penalty [B] of D update k (`UpdatePenalty`)."""
-        return self.update_penalty(real, fake, labels, rows, step, k, due, gb)
+        return self.update_penalty(real, fake, labels, rows, step, k, gb, due)
 
     def lazy_phases(self):
         """[(phase, interval)] run after the main updates (`LazyPhases.phases`)."""
@@ -219,12 +227,10 @@ class GanStep:
         labels = join([real_labels, fake_labels])
         clean = join([real, fake])
 
-        def forward(images, images_rows, images_labels):  # D's logits of what D sees.
-            with latents.example_rows(images_rows):
-                seen = self.d_inputs(images, images_rows, step, k)
-                return self.discriminate(seen, images_labels, training=True)
+        def forward(images, images_rows, images_labels):
+            return self.seen_logits(images, images_rows, images_labels, step, k)
 
-        in_pass = penalties.on_clean_inputs(c.penalty)
+        in_pass = c.in_pass
         if not in_pass:
             x = self.d_inputs(clean, both_rows, step, k)
         with tf.GradientTape() as tape:
@@ -244,8 +250,8 @@ class GanStep:
             if in_pass:
                 per_example += penalty
             elif self.penalty_fn is not None and not c.lazy_phases:
-                per_example += self.penalty(x[:b], x[b:], real_labels, rows, step, k,
-                                            penalty_due, gb)
+                per_example += self.penalty(x[:b], x[b:], real_labels, rows, step, k, gb,
+                                            penalty_due)
             # This replica's share of the global mean; the all-reduce sums the shares.
             share = replica.global_mean(per_example, gb)
             loss = self.d_optimizer.scale_loss(share)
@@ -290,12 +296,8 @@ class GanStep:
                 d_tape.watch(fake)
                 if c.paired:  # [real; fake] in one pass, keyed as in D's update.
                     join = self.topology.join
-                    both_rows = join([rows, gb + rows])
-                    x = self.d_inputs(join([real, fake]), both_rows, step,
-                                      latents.G_PHASE)
-                    with latents.example_rows(both_rows):
-                        logits = self.discriminate(x, join([labels, labels]),
-                                                   training=True)
+                    logits = self.seen_logits(join([real, fake]), join([rows, gb + rows]),
+                                              join([labels, labels]), step, latents.G_PHASE)
                     m = tf.shape(fake)[0]
                     real_logits, fake_logits = logits[:m], logits[m:]
                 else:

@@ -136,7 +136,13 @@ class StepConfig:
     def paired(self):
         """Whether the loss pairs real row i with fake row i (losses.PAIRED): G's update
         then reads its own real batch."""
-        return losses.paired(self.loss)
+        return registry_name(self.loss, losses.LOSSES) in losses.PAIRED
+
+    @property
+    def in_pass(self):
+        """Whether the penalty is taken in D's main pass on its clean inputs
+        (penalties.ON_CLEAN_INPUTS: R3GAN's R1 + R2)."""
+        return registry_name(self.penalty, penalties.PENALTIES) in penalties.ON_CLEAN_INPUTS
 
     @property
     def batches_per_step(self):
@@ -207,7 +213,7 @@ class StepConfig:
             raise errors.ConfigError(
                 f"config.train.label_smoothing needs a cross-entropy loss; Received: "
                 f"config.train.loss={self.loss!r}; valid: {', '.join(losses.CROSS_ENTROPY)}")
-        if self.penalty_fd_sigma and not penalties.on_clean_inputs(self.penalty):
+        if self.penalty_fd_sigma and not self.in_pass:
             raise errors.ConfigError(
                 f"config.train.penalty_fd_sigma={self.penalty_fd_sigma} approximates a "
                 f"penalty on D's clean inputs; Received: config.train.penalty="
@@ -220,11 +226,11 @@ class StepConfig:
                 f"the main D update; Received: penalty={self.penalty!r}, lazy_phases="
                 f"{self.lazy_phases}; valid: a penalty with lazy_phases=False, or "
                 f"cosine.penalty_weight=()")
-        if penalties.on_clean_inputs(self.penalty) and self.lazy_phases:
+        if self.in_pass and self.lazy_phases:
             raise errors.ConfigError(
                 f"config.train.penalty={self.penalty!r} is taken in the main D pass; "
                 f"valid: lazy_phases=False (penalty_every makes it lazy)")
-        if discriminator is not None and penalties.on_clean_inputs(self.penalty) and \
+        if discriminator is not None and self.in_pass and \
                 checks.has_batch_norm(discriminator):
             raise errors.ConfigError(
                 f"config.train.penalty={self.penalty!r} takes each example's gradient from "
@@ -293,7 +299,7 @@ class StepConfig:
         if self.paired and engine not in ("replicas",):
             out.append(f"config.train.loss={saved_name(self.loss, losses.LOSSES)!r} "
                        f"({UNTESTED})")
-        if penalties.on_clean_inputs(self.penalty) and engine not in ("replicas",):
+        if self.in_pass and engine not in ("replicas",):
             out.append(f"config.train.penalty={self.penalty!r} ({UNTESTED})")
         # A DiffAugment policy runs anywhere, ADA's pipes on replicas and meshes.
         if self.augment in ADA_PIPES and engine not in ("replicas", "mesh"):
@@ -322,16 +328,20 @@ class StepConfig:
         return cls(**config)
 
 
-def saved_name(fn, table):
-    """How a loss or penalty is saved: its registry name when it is one of ours (given by
-    name or as the function), else Keras' serialization (which must be registered: Keras
-    would otherwise resolve an unregistered `hinge` to its own)."""
+def registry_name(fn, table):
+    """A loss's or penalty's name in `table` (given by name or as the function), or None
+    for a callable of the user's."""
     if isinstance(fn, str):
         return fn
-    for name, known in table.items():
-        if fn is known:
-            return name
-    return keras.saving.serialize_keras_object(fn)
+    return next((name for name, known in table.items() if fn is known), None)
+
+
+def saved_name(fn, table):
+    """How a loss or penalty is saved: its registry name when it is one of ours, else
+    Keras' serialization (which must be registered: Keras would otherwise resolve an
+    unregistered `hinge` to its own)."""
+    name = registry_name(fn, table)
+    return name if name is not None else keras.saving.serialize_keras_object(fn)
 
 
 def _bad(key, value, valid):
