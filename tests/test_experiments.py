@@ -15,6 +15,7 @@ SHAPES = {"embedded:digits": (8, 8, 1), "tfds:mnist": (28, 28, 1), "toy:grid25":
           "tfds:cifar10": (32, 32, 3), "tfds:imagenet2012@128": (128, 128, 3),
           "arrayrecord:/data/ffhq256": (256, 256, 3),
           "arrayrecord:/data/ffhq1024": (1024, 1024, 3),
+          "npz:/work/data/stacked_train.npz": (28, 28, 3),
           "arrayrecord:/work/data/mnist32": (32, 32, 1),
           "arrayrecord:/data/ffhq64": (64, 64, 3),
           "tfds:imagenet_resized/32x32": (32, 32, 3),

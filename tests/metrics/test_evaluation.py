@@ -273,6 +273,11 @@ def test_class_balance_of_known_histograms():
     # |1/2 - 1/3| + |1/4 - 1/3| + |1/4 - 1/3| = 1/3; halved: 1/6.
     assert out["class_tv"] == pytest.approx(1 / 6)
     assert scoring.class_balance(np.eye(3)[[0, 0]], np.array([1, 2]))["class_tv"] == 1.0
+    # Stacked MNIST's numbers: modes with a fake, KL(fake frequencies || uniform).
+    assert out["class_modes"] == 3
+    assert out["class_kl"] == pytest.approx(0.5 * np.log(1.5) + 2 * 0.25 * np.log(0.75))
+    one = scoring.class_balance(np.eye(4)[[2, 2, 2]], np.array([0, 1, 2, 3]))
+    assert one["class_modes"] == 1 and one["class_kl"] == pytest.approx(np.log(4))
     with pytest.raises(errors.ConfigError, match="classifier of the data's 10 classes"):
         scoring._real_labels(data.load("embedded:digits"), 5,
                                 type("E", (), {"num_classes": 3, "name": "x"})())

@@ -217,8 +217,34 @@ def test_keras_file_errors(tmp_path):
     assert_one_line(e, "[B, 8, 8, 1]", "[3, 8, 8, 3]")
 
 
+def test_stacked_runs_the_classifier_per_channel_and_joins_the_classes(tmp_path):
+    # Stacked MNIST's protocol: channel c's class is the c-th digit of the mode, channel 0
+    # the most significant; features side by side.
+    path = str(tmp_path / "clf.keras")
+    model = save_model(path, "dense_softmax")  # 4 classes -> 4^3 = 64 modes.
+    extractor = extractors.get(f"stacked:{path}", (8, 8, 3))
+    assert (extractor.feature_dim, extractor.num_classes) == (18, 64)
+    assert extractor.name == f"stacked:{path}"
+    x = images((8, 8, 3))
+    out = tf.function(extractor)(tf.constant(x))
+    per = [model(x[..., c:c + 1], training=False).numpy() for c in range(3)]
+    joint = np.einsum("ba,bd,bc->badc", per[0], per[1], per[2]).reshape(len(x), 64)
+    np.testing.assert_allclose(out["probs"], joint, rtol=1e-5)
+    modes = per[0].argmax(1) * 16 + per[1].argmax(1) * 4 + per[2].argmax(1)
+    np.testing.assert_array_equal(np.argmax(out["probs"], 1), modes)
+    penultimate = keras.Model(model.input, model.get_layer("penultimate").output)
+    np.testing.assert_allclose(
+        out["features"],
+        np.concatenate([penultimate(x[..., c:c + 1], training=False) for c in range(3)], 1),
+        rtol=1e-6)
+    save_model(str(tmp_path / "features.keras"), None)
+    with pytest.raises(ConfigError) as e:
+        extractors.get(f"stacked:{tmp_path / 'features.keras'}", (8, 8, 3))
+    assert_one_line(e, "features.keras", "needs a classifier")
+
+
 def test_unknown_specs_and_misplaced_weights(tmp_path):
-    for spec in ["inception", "fid_inception:", "keras:", "model.h5", ""]:
+    for spec in ["inception", "fid_inception:", "keras:", "stacked:", "model.h5", ""]:
         with pytest.raises(ConfigError) as e:
             extractors.get(spec, (8, 8, 3))
         assert_one_line(e, f"unknown extractor {spec!r}", *extractors.KINDS)

@@ -63,6 +63,28 @@ def test_converts_the_exact_levels_and_the_npz_source_reads_them(tmp_path):
     np.testing.assert_array_equal(source.arrays["label"], y)
 
 
+def test_holdout_splits_off_digits_the_gan_never_sees(tmp_path):
+    make_package(tmp_path / "package")
+    out = tmp_path / "mnist.npz"
+    proc = convert(tmp_path / "package", out, "--holdout=5")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["num_examples"] == 14 and line["heldout"] == str(tmp_path / "mnist_heldout.npz")
+    with np.load(out) as train, np.load(tmp_path / "mnist_heldout.npz") as held:
+        assert len(train["x"]) == 14 and len(held["x"]) == 5
+        assert sum(line["heldout_per_class"]) == 5
+        np.testing.assert_array_equal(np.bincount(held["y"], minlength=10),
+                                      line["heldout_per_class"])
+        # Together they are the package's 19 digits, each once (seeded permutation).
+        perm = np.random.default_rng(0).permutation(19)
+        both = np.concatenate([held["x"], train["x"]])
+        assert len({b.tobytes() for b in both}) == 19
+        np.testing.assert_array_equal(np.concatenate([held["y"], train["y"]]),
+                                      np.repeat(np.arange(10), COUNTS)[perm])
+    proc = convert(tmp_path / "package", tmp_path / "b.npz", "--holdout=19")
+    assert proc.returncode == 2 and "--holdout must be in [0, 18]" in proc.stderr
+
+
 @pytest.mark.parametrize("process", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["in_process", "real_tool"])
 def test_existing_output_is_refused_unless_overwrite(tmp_path, process):

@@ -75,19 +75,27 @@ class BiasedActivation(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
 class LearnedBasis(keras.layers.Layer):
-    """GenerativeBasis' basis: v [B, W] -> basis[None] * v[:, None, None, :] [B, 4, 4, W],
-    basis [4, 4, W] ~ N(0, 1) (Networks.py:77-85; NCHW (W, 4, 4) there)."""
+    """GenerativeBasis' basis: v [B, W] -> basis[None] * v[:, None, None, :] [B, S, S, W],
+    basis [S, S, W] ~ N(0, 1), S = `size` (the official 4; Networks.py:77-85, NCHW
+    (W, 4, 4) there)."""
+
+    def __init__(self, size=4, **kwargs):
+        super().__init__(**kwargs)
+        self.size = int(size)
 
     def build(self, input_shape):
         self.basis = self.add_weight(
-            name="basis", shape=(4, 4, int(input_shape[-1])),
+            name="basis", shape=(self.size, self.size, int(input_shape[-1])),
             initializer=keras.initializers.RandomNormal(stddev=1.0))
 
     def call(self, v):
         return tf.cast(self.basis, v.dtype)[None] * v[:, None, None, :]
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], 4, 4, input_shape[-1])
+        return (input_shape[0], self.size, self.size, input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "size": self.size}
 
 
 @keras.saving.register_keras_serializable(package="tf_gan_scale")
@@ -139,11 +147,11 @@ def stage_blocks(x, stage, *, total, expansion, impl, prefix):
     return x
 
 
-def generative_basis(z, width):
-    """GenerativeBasis: bias-free Linear(z_in -> W) times the learned 4x4 basis."""
+def generative_basis(z, width, size):
+    """GenerativeBasis: bias-free Linear(z_in -> W) times the learned SxS basis."""
     v = keras.layers.Dense(width, use_bias=False, kernel_initializer=msr(1.0, z.shape[-1]),
                            name="basis_linear", dtype="float32")(z)
-    return LearnedBasis(name="basis", dtype="float32")(v)
+    return LearnedBasis(size, name="basis", dtype="float32")(v)
 
 
 def g_transition(x, stage, width_in):
@@ -164,10 +172,12 @@ def d_transition(x, stage, width_out):
 
 
 def discriminative_basis(x, width, out_dim):
-    """DiscriminativeBasis (Networks.py:87-95): depthwise 4x4 valid conv, flatten, bias-free
-    Linear(W -> out_dim); float32."""
-    x = keras.layers.DepthwiseConv2D(4, padding="valid", use_bias=False,
-                                     depthwise_initializer=msr(1.0, 16), name="d4_basis",
+    """DiscriminativeBasis (Networks.py:87-95): depthwise SxS valid conv over the whole
+    [B, S, S, W] map (the official S = 4), flatten, bias-free Linear(W -> out_dim); float32."""
+    size = int(x.shape[1])
+    x = keras.layers.DepthwiseConv2D(size, padding="valid", use_bias=False,
+                                     depthwise_initializer=msr(1.0, size * size),
+                                     name="d4_basis",
                                      dtype="float32")(x)
     x = keras.layers.Flatten(name="d4_flatten", dtype="float32")(x)
     return keras.layers.Dense(out_dim, use_bias=False, kernel_initializer=msr(1.0, width),
@@ -181,23 +191,24 @@ def embedding(num_classes, dim, gain, name):
                                   name=name, dtype="float32")
 
 
-def stage_plan(res, widths, blocks_, cardinality, bf16_stages):
-    """G's stages, 4x4 first: [{res, width, blocks, groups, dtype}]; dtype None (the run's
-    policy) for the last bf16_stages, else float32. D uses the reverse."""
+def stage_plan(res, widths, blocks_, cardinality, bf16_stages, bottom=4):
+    """G's stages, bottom x bottom first: [{res, width, blocks, groups, dtype}]; dtype None
+    (the run's policy) for the last bf16_stages, else float32. D uses the reverse."""
     n = len(widths)
     per = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * n  # noqa: E731
     blocks_, cardinality = per(blocks_), per(cardinality)
-    if n != int(math.log2(res)) - 1 or len(blocks_) != n or len(cardinality) != n:
+    stages = int(math.log2(res // bottom)) + 1
+    if n != stages or len(blocks_) != n or len(cardinality) != n:
         raise errors.ConfigError(
-            f"r3gan needs one width, block count and cardinality per stage 4x4..{res}x{res} "
-            f"({int(math.log2(res)) - 1} stages); Received: widths={tuple(widths)}, "
+            f"r3gan needs one width, block count and cardinality per stage "
+            f"{bottom}x{bottom}..{res}x{res} ({stages} stages); Received: widths={tuple(widths)}, "
             f"blocks={blocks_}, cardinality={cardinality}")
     if not 0 <= int(bf16_stages) < n:
-        raise errors.ConfigError(f"bf16_stages must be in [0, {n - 1}] (the 4x4 stage stays "
+        raise errors.ConfigError(f"bf16_stages must be in [0, {n - 1}] (the first stage stays "
                                  f"float32); Received: bf16_stages={bf16_stages!r}")
     plan = []
     for i, (w, b, g) in enumerate(zip(widths, blocks_, cardinality)):
-        plan.append({"res": 4 * 2 ** i, "width": int(w), "blocks": int(b), "groups": int(g),
+        plan.append({"res": bottom * 2 ** i, "width": int(w), "blocks": int(b), "groups": int(g),
                      "dtype": None if i >= n - int(bf16_stages) else "float32"})
     return plan
 
@@ -215,7 +226,7 @@ def generator(plan, *, data_shape, latent_dim, num_classes, expansion, impl):
     width = None
     for stage in plan:
         if width is None:
-            x = generative_basis(x, stage["width"])
+            x = generative_basis(x, stage["width"], stage["res"])
         else:
             x = g_transition(x, stage, width)
         x = stage_blocks(x, stage, total=total, expansion=expansion, impl=impl, prefix="g")
@@ -245,15 +256,17 @@ def discriminator(plan, *, data_shape, num_classes, expansion, impl):
 
 
 def build(*, data_shape, latent_dim, num_classes=0, widths=(768, 768, 768, 768),
-          blocks=2, cardinality=96, expansion=2, bf16_stages=0, grouped_conv="auto"):
+          blocks=2, cardinality=96, expansion=2, bf16_stages=0, grouped_conv="auto",
+          bottom_width=4):
     """(G, D) of R3GAN; see the module docstring.
 
     Args:
-        data_shape: (R, R, C), R a power of two >= 8.
+        data_shape: (R, R, C), R = bottom_width * 2^k, k >= 1.
         latent_dim: noise dimension (the official 64); also G's label-embedding width.
         num_classes: 0 (unconditional) or the classes (G embedding latent_dim wide, D's
             projection widths[0] wide, as the official).
-        widths: G's stage widths, 4x4 first (one per resolution 4..R); D the reverse.
+        widths: G's stage widths, smallest first (one per resolution bottom_width..R);
+            D the reverse.
         blocks, cardinality: residual blocks and 3x3 groups per stage (int: every stage),
             G's order; cardinality divides expansion * width.
         expansion: the block's inverted-bottleneck factor (2).
@@ -261,15 +274,23 @@ def build(*, data_shape, latent_dim, num_classes=0, widths=(768, 768, 768, 768),
             (the official's bfloat16 stages); the others are float32.
         grouped_conv: GroupedConv2D implementation ("auto", or one of
             layers.grouped_conv.IMPLEMENTATIONS).
+        bottom_width: the side of G's learned basis and D's depthwise basis conv (the
+            official 4; 7 gives 28x28 MNIST as 7, 14, 28, the way BigGAN's bottom_width does).
     """
     res, width, channels = data_shape
-    if res != width or res < 8 or res & (res - 1):
-        raise errors.ConfigError(f"r3gan needs square images with a power-of-two side >= 8; "
+    bottom = int(bottom_width) if errors.is_int(bottom_width) else 0
+    if bottom < 2:
+        raise errors.ConfigError(f"bottom_width must be an int >= 2 (the official 4); "
+                                 f"Received: bottom_width={bottom_width!r}")
+    k = res // bottom
+    if res != width or res % bottom or k < 2 or k & (k - 1):
+        raise errors.ConfigError(f"r3gan needs square images whose side is bottom_width "
+                                 f"({bottom}) times a power of two >= 2; "
                                  f"Received: data_shape={tuple(data_shape)}")
     if grouped_conv != "auto" and grouped_conv not in IMPLEMENTATIONS:
         raise errors.ConfigError(f"unknown grouped_conv {grouped_conv!r}; valid: auto, "
                                  f"{', '.join(IMPLEMENTATIONS)}")
-    plan = stage_plan(res, widths, blocks, cardinality, bf16_stages)
+    plan = stage_plan(res, widths, blocks, cardinality, bf16_stages, bottom)
     for s in plan:
         if (s["width"] * expansion) % s["groups"]:
             raise errors.ConfigError(

@@ -12,6 +12,14 @@ Spec kinds (KINDS):
                           (classify_image_graph_def.pb): numbers comparable with papers'.
                           Conventions and sources: frozen_graph.py.
   PATH.keras              (or keras:PATH.keras) a saved Keras model, e.g. a domain classifier.
+  stacked:PATH.keras      a one-channel classifier of K classes run on each of the C channels
+                          of [B, H, W, C] images (Stacked MNIST: 3 digits, one per channel):
+                          features are the C channels' features side by side [B, C * D];
+                          probs are the joint class of the C channels, [B, K^C], class
+                          index k_0 * K^(C-1) + ... + k_(C-1) (channel 0 the most
+                          significant digit), each channel's probabilities multiplied, so
+                          its argmax is the per-channel argmaxes' mode (VEEGAN / PacGAN's
+                          protocol: 1,000 modes for 3 channels of 10 digits).
 
 Numbers from different extractors are not comparable: print `extractor.name` beside them.
 Extractors do not quantize: issue 9's protocol (uint8 levels before extraction, for real
@@ -33,7 +41,7 @@ import tensorflow as tf
 from tf_gan_scale.errors import ConfigError
 from tf_gan_scale.metrics import frozen_graph
 
-KINDS = ("inception_v3", "fid_inception:PATH.pb", "PATH.keras")
+KINDS = ("inception_v3", "fid_inception:PATH.pb", "PATH.keras", "stacked:PATH.keras")
 
 # keras.applications.inception_v3's own download (include_top=True).
 INCEPTION_V3_FILE = "inception_v3_weights_tf_dim_ordering_tf_kernels.h5"
@@ -281,6 +289,28 @@ def _keras_file_extractor(path, data_shape):
                             weights_path=path)
 
 
+def _stacked_extractor(path, data_shape):
+    """`stacked:PATH.keras`: the one-channel classifier at PATH on each channel (see KINDS)."""
+    channels = data_shape[-1]
+    base = _keras_file_extractor(path, data_shape[:-1] + (1,))
+    if base.num_classes is None:
+        raise ConfigError(f"stacked:{path} needs a classifier (a softmax head) to name each "
+                          f"channel's class; this model outputs features only")
+    k = base.num_classes
+
+    def fn(images):
+        outs = [base(images[..., c:c + 1]) for c in range(channels)]
+        joint = outs[0]["probs"]
+        for out in outs[1:]:  # [B, K^c] x [B, K] -> [B, K^(c+1)], the new channel last.
+            joint = tf.reshape(joint[:, :, None] * out["probs"][:, None, :],
+                               [-1, joint.shape[1] * k])
+        return {"features": tf.concat([o["features"] for o in outs], axis=1), "probs": joint}
+
+    return Extractor(fn, name=f"stacked:{path}", feature_dim=channels * base.feature_dim,
+                     num_classes=k ** channels, data_shape=data_shape,
+                     weights_path=base.weights_path, model=base.model)
+
+
 # ---- lookup ---------------------------------------------------------------------------
 
 def get(spec, data_shape, *, weights=None):
@@ -289,7 +319,8 @@ def get(spec, data_shape, *, weights=None):
     Call inside the strategy scope that will run it (its Keras variables are mirrored).
 
     Args:
-        spec: "inception_v3", "fid_inception:PATH.pb", "PATH.keras" or "keras:PATH.keras".
+        spec: "inception_v3", "fid_inception:PATH.pb", "PATH.keras" or "keras:PATH.keras",
+            "stacked:PATH.keras".
         data_shape: (H, W, C) of the images the extractor will see (C = 1 or 3 for the
             Inception kinds; the model's input shape for .keras).
         weights: inception_v3 only: an .h5 / .weights.h5 file of
@@ -321,6 +352,9 @@ def get(spec, data_shape, *, weights=None):
     if spec.startswith("fid_inception:") and spec != "fid_inception:":
         path = os.path.abspath(os.path.expanduser(spec[len("fid_inception:"):]))
         return _graph_def_extractor(path, data_shape)
+    if spec.startswith("stacked:") and spec != "stacked:":
+        return _stacked_extractor(os.path.abspath(os.path.expanduser(spec[len("stacked:"):])),
+                                  data_shape)
     if (spec.startswith("keras:") and spec != "keras:") or spec.endswith(".keras"):
         path = spec[len("keras:"):] if spec.startswith("keras:") else spec
         return _keras_file_extractor(os.path.abspath(os.path.expanduser(path)), data_shape)
