@@ -29,6 +29,7 @@ flags.DEFINE_string("strategy", "one_device", "one_device, mirrored, multi_worke
 flags.DEFINE_integer("num_cpu_devices", None, "Logical CPU devices (replicas per process).")
 flags.DEFINE_string("out", None, "Output .npz (written by the chief).")
 flags.DEFINE_list("cases", None, "Cases to run (default: all).")
+flags.DEFINE_list("skip_cases", [], "Cases not to run.")
 flags.DEFINE_integer("steps", 3, "Generator steps per case.")
 flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads (0: default).")
 flags.DEFINE_list("scale_error_cases", [], "Cases run a second time with a bug injected: "
@@ -274,7 +275,7 @@ def main(argv):
     scratch_dir = tempfile.TemporaryDirectory(prefix="equivalence-start-")  # Controls' starts.
     scratch = scratch_dir.name
     for name, (overrides, source_name, *steps) in cases().items():
-        if FLAGS.cases and name not in FLAGS.cases:
+        if (FLAGS.cases and name not in FLAGS.cases) or name in FLAGS.skip_cases:
             continue
         config = make_config(overrides, source_name)
         source = load_source(source_name)
