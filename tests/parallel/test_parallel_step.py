@@ -578,7 +578,7 @@ def float64(monkeypatch):
 
 @pytest.mark.slow  # ~50 CPU-s (two float64 BigGANs traced): too much for the default tier.
 def test_the_mnist_recipes_biggan_on_a_mesh_is_one_devices_math_in_float64(float64):
-    # The recipe's parts (experiments/mnist.py) at the tiny size: spectral norm in G and
+    # The recipe's parts (experiments/biggan_mnist.py) at the tiny size: spectral norm in G and
     # D (and its u updates), orthogonal init, hinge loss, shared embedding, hierarchical
     # z, conditional sync batch norm, every convolution the model axis divides split
     # (G's output one has 1 channel here), 3 SGD steps. Measured: max |difference|

@@ -10,8 +10,8 @@ from PIL import Image
 
 from conftest import run_cmd, run_in_process
 
-# experiments/mnist.py shrunk to the embedded 8x8 digits: a conditional BigGAN with EMA.
-TINY_BIGGAN = ["--config=experiments/mnist.py", "--config.data.source=embedded:digits",
+# experiments/biggan_mnist.py shrunk to the embedded 8x8 digits: a conditional BigGAN with EMA.
+TINY_BIGGAN = ["--config=experiments/biggan_mnist.py", "--config.data.source=embedded:digits",
                "--config.model.bottom_width=4", "--config.model.g_channels=(1,)",
                "--config.model.d_channels=(1,1)", "--config.model.ch=4",
                "--config.model.shared_dim=4", "--config.model.latent_dim=8",
