@@ -12,7 +12,7 @@
         --reference=npz:/work/data/stacked_heldout.npz
 
 configs.r3gan_mnist's networks with 3 channels and no labels (every digit triple is a
-mode: 10^3 of them), RpGAN + R1 + R2 every step, batch 32, 1,500 steps (48,000 images),
+mode: 10^3 of them), RpGAN + R1 + R2 every step, batch 32, 1,000 steps (32,000 images),
 the same schedules' shapes over those images, float32. Results: docs/quality.md
 ("Stacked MNIST").
 """
@@ -25,8 +25,8 @@ def get_config():
     c.data.source = "npz:/work/data/stacked_train.npz"
     c.model.conditional = False
     t = c.train
-    t.num_steps = 1500
-    t.cosine.images = 48_000.0
-    t.checkpoint_every = t.sample_every = 500
+    t.num_steps = 1000
+    t.cosine.images = 32_000.0
+    t.checkpoint_every = t.sample_every = 250
     c.eval.num_samples, c.eval.num_real = 26_000, -1
     return c

@@ -88,6 +88,7 @@ def main(argv):
     fd, tmp = tempfile.mkstemp(prefix=".curve-", suffix=".png", dir=directory)
     with os.fdopen(fd, "wb") as f:
         fig.savefig(f, format="png", dpi=100)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary file, not the figure.
     os.replace(tmp, FLAGS.output)
     print(json.dumps({"output": FLAGS.output,
                       "runs": [{"label": label, "points": pts} for label, _, pts in runs]}))
