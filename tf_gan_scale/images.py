@@ -1,4 +1,4 @@
-"""PNG output: image grids and 2D scatter plots (pillow)."""
+"""Image files out: PNG grids and 2D scatter plots (pillow), npz image sources."""
 
 import math
 import os
@@ -73,4 +73,12 @@ def write_png(path, array):
         array = array[..., 0]
     tmp = f"{path}.tmp.png"
     Image.fromarray(array).save(tmp)
+    os.replace(tmp, path)
+
+
+def write_npz(path, x, y):
+    """Writes an `npz:PATH` data source (x uint8 [N, H, W, C], y int [N]) atomically: a
+    temporary file next to `path` ("....tmp.npz"), then a rename."""
+    tmp = path[:-len(".npz")] + ".tmp.npz"
+    np.savez(tmp, x=x, y=y)
     os.replace(tmp, path)

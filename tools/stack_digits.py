@@ -24,7 +24,7 @@ import sys
 
 from absl import flags
 
-from tf_gan_scale import cli, errors
+from tf_gan_scale import cli, errors, images
 
 flags.DEFINE_string("source", None, "An npz of one-channel digits: x [N, H, W, 1], y [N].")
 flags.DEFINE_integer("num", 50_000, "Stacked examples to write.")
@@ -69,14 +69,12 @@ def main(argv):
     if x.ndim != 4 or x.shape[-1] != 1 or x.dtype != np.uint8 or y.shape != (len(x),):
         raise errors.ConfigError(f"--source must hold x uint8 [N, H, W, 1] and y [N]; "
                                  f"Received: x {x.dtype} {list(x.shape)}, y {list(y.shape)}")
-    images, labels, num_classes = stack(x, y.astype(np.int64), FLAGS.num, FLAGS.channels,
+    stacked, labels, num_classes = stack(x, y.astype(np.int64), FLAGS.num, FLAGS.channels,
                                         FLAGS.seed)
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
-    tmp = FLAGS.output[:-len(".npz")] + ".tmp.npz"
-    np.savez(tmp, x=images, y=labels)
-    os.replace(tmp, FLAGS.output)
-    print(json.dumps({"output": FLAGS.output, "num_examples": int(len(images)),
-                      "shape": list(images.shape[1:]), "num_classes": int(num_classes),
+    images.write_npz(FLAGS.output, stacked, labels)
+    print(json.dumps({"output": FLAGS.output, "num_examples": int(len(stacked)),
+                      "shape": list(stacked.shape[1:]), "num_classes": int(num_classes),
                       "modes_present": int(len(np.unique(labels)))}))
     sys.stdout.flush()
 
