@@ -22,7 +22,4 @@ from tf_gan_scale import configs
 def get_config():
     c = configs.r3gan_mnist()
     c.data.source = "tfds:mnist"
-    c.train.num_steps = 1600
-    c.train.cosine.images = 51_200.0
-    c.train.checkpoint_every = c.train.sample_every = 400
     return c
