@@ -229,9 +229,12 @@ def test_r1_r2_refuses_batch_norm_in_d_and_engines_not_tested():
                                d_channels=(4, 8))
     with pytest.raises(errors.ConfigError, match="batch norm"):
         StepConfig(**R3).validate(discriminator=d)
-    refused = " ".join(StepConfig(**R3).unsupported("mesh"))
+    # Tested equal to one device on replicas, a mesh (tests/parallel/test_parallel_step.py)
+    # and placement (test_parallel_placement.py); a pipeline runs neither.
+    for engine in ("replicas", "mesh", "placement"):
+        assert StepConfig(**R3).unsupported(engine) == [], engine
+    refused = " ".join(StepConfig(**R3).unsupported("pipeline"))
     assert "loss='rpgan'" in refused and "penalty='r1_r2'" in refused
-    assert StepConfig(**R3).unsupported("replicas") == []
 
 
 def test_a_paired_fake_takes_its_real_rows_label():

@@ -44,6 +44,13 @@ def config(arch, optimizer, d_steps=1, ema=False, train=()):
         # "stylegan2_cond": the class-conditional variant (label embedding into the
         # mapping, projection in D's epilogue), 4 classes.
         c.model.conditional = arch == "stylegan2_cond"
+    elif arch.startswith("r3gan"):  # Normalization-free: learned 4x4 basis, 1-3-1 blocks
+        # with a grouped 3x3 (2 groups), [1,3,3,1] resampling, depthwise basis conv in D;
+        # "r3gan_cond": class-conditional (G's label embedding, D's projection), 4 classes.
+        c.model = ml_collections.ConfigDict({
+            "name": "r3gan", "latent_dim": 8, "conditional": arch == "r3gan_cond",
+            "widths": (8, 8), "blocks": 1, "cardinality": 2, "expansion": 2,
+            "bf16_stages": 0, "grouped_conv": "auto", "bottom_width": 4})
     else:
         c.data.source = "toy:ring8"
         c.model = ml_collections.ConfigDict({
@@ -61,7 +68,7 @@ def config(arch, optimizer, d_steps=1, ema=False, train=()):
         c.train.ema.decay, c.train.ema.start, c.train.ema.warmup = 0.8, 2, 3
     name, _, options = optimizer.partition(":")  # e.g. "sgd:momentum=0.9,nesterov=True"
     lr = {"dcgan": 0.1, "mlp": 0.1, "resnet": 0.05, "biggan": 0.01,
-          "stylegan2": 0.01, "stylegan2_cond": 0.01}[arch] if (
+          "stylegan2": 0.01, "stylegan2_cond": 0.01, "r3gan": 0.01, "r3gan_cond": 0.01}[arch] if (
         name == "sgd") else 1e-3
     opt = {"name": name, "learning_rate": lr}
     for item in filter(None, options.split(",")):
@@ -79,7 +86,7 @@ def data_of(arch):
     are used: the batches are random)."""
     if arch == "biggan":
         return (16, 16, 1), 4
-    if arch == "stylegan2_cond":
+    if arch in ("stylegan2_cond", "r3gan_cond"):
         return (8, 8, 1), 4
     if arch == "mlp":
         from tf_gan_scale import data
@@ -107,10 +114,11 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False, train=(), shards=1):
             normalization.set_row_groups(net, shards)
     init = [net.get_weights() for net in nets]
     rng = np.random.default_rng(0)
-    # d_steps (real, labels) batches per GAN step.
+    # (real, labels) batches per GAN step: one per D update, then with a paired loss
+    # (RpGAN) G's own reals.
     batches = [[(np.tanh(rng.standard_normal((GB, *shape))).astype(np.float32),
                  rng.integers(0, max(classes, 1), GB).astype(np.int32))
-                for _ in range(d_steps)] for _ in range(steps)]
+                for _ in range(ref.step_config.batches_per_step)] for _ in range(steps)]
     if ref.step_config.lazy_phases:
         # StyleGAN2's lazy phases (and the EMA after them) live in the model's step loop
         # (step_function.make_train_function), not in GAN.train_step: run that loop,
@@ -128,7 +136,7 @@ def reference(arch, optimizer, steps, d_steps=1, ema=False, train=(), shards=1):
         ref_step = tf.function(ref.train_step)
         for xs in batches:
             feed = [{"x": tf.constant(x), "label": tf.constant(y)} for x, y in xs]
-            out = ref_step(feed[0] if d_steps == 1 else tuple(feed))
+            out = ref_step(feed[0] if len(feed) == 1 else tuple(feed))
     return ref, init, batches, {k: float(v) for k, v in out.items()}
 
 

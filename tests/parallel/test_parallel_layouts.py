@@ -284,3 +284,67 @@ def test_stylegan_resampling_convolutions_by_taps_equal_tensorflows(up, down, k)
                                    taps=(conv.conv2d, conv.conv2d_transpose)).numpy()
     assert got.shape == want.shape == (2, 8 * up // down, 8 * up // down, 4)
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("groups, cin, cout, k", [(2, 4, 6, 3), (4, 8, 8, 3), (3, 6, 9, 1),
+                                                  (1, 3, 4, 5)])
+def test_grouped_convolution_by_taps_equals_the_layer(groups, cin, cout, k):
+    # conv.grouped_conv2d (what a split GroupedConv2D computes on a mesh) against the
+    # layer's own convolution on one device: values, and the input's and the kernel's
+    # gradients (R1 + R2 differentiate the input gradient again, through this).
+    from tf_gan_scale.layers.grouped_conv import GroupedConv2D
+    from tf_gan_scale.parallel import conv
+    layer = GroupedConv2D(cout, groups=groups, kernel_size=k, implementation="einsum")
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((2, 5, 6, cin)).astype(np.float32))
+    w = tf.constant(rng.standard_normal((2, 5, 6, cout)).astype(np.float32))
+    layer(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        want = tf.reduce_sum(layer(x) * w)
+        got = tf.reduce_sum(conv.grouped_conv2d(x, layer.kernel, groups) * w)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+    for a, b in zip(tape.gradient(got, [x, layer.kernel]), tape.gradient(want, [x, layer.kernel])):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
+
+
+def test_grouped_convolutions_split_in_whole_groups_only(monkeypatch):
+    from tf_gan_scale.layers.grouped_conv import GroupedConv2D
+    monkeypatch.setattr(layouts, "CONV_SPLIT_MIN_PARAMS", 0)
+    g, d = architectures.build("r3gan", data_shape=(8, 8, 1), latent_dim=8, widths=(8, 8),
+                               blocks=1, cardinality=2)
+    grouped = {layouts.weight_path(g, layer.kernel) for layer in g._flatten_layers()
+               if isinstance(layer, GroupedConv2D)}
+    assert len(grouped) == 2
+    on_two = layouts.plan((g, d), MODEL2)  # 2 groups over 2 devices: one each.
+    assert all(on_two[p] == (None, None, None, "model") for p in grouped), on_two
+    # 4 devices divide the 16 output channels but not the 2 groups: kept whole (a
+    # device would need a part of a group's kernel and all of its input channels).
+    on_four = layouts.plan((g, d), {"batch": 1, "model": 4})
+    assert not any(any(on_four[p]) for p in grouped), on_four
+
+
+@pytest.mark.parametrize("k, strides, padding, multiplier", [
+    (4, 1, "valid", 1), (3, 1, "same", 2), (3, 2, "same", 1), (2, (2, 1), "valid", 3)])
+def test_depthwise_convolution_by_taps_equals_keras(k, strides, padding, multiplier):
+    # conv.depthwise_conv2d (how a mesh runs DepthwiseConv2D: DTensor has no layout
+    # propagation for its filter gradient): R3GAN's D basis (k 4 over a 4x4 map, valid)
+    # and other shapes; values and both gradients.
+    import keras
+
+    from tf_gan_scale.parallel import conv
+    layer = keras.layers.DepthwiseConv2D(k, strides=strides, padding=padding,
+                                         depth_multiplier=multiplier, use_bias=False)
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal((2, 4, 5, 3)).astype(np.float32))
+    want_shape = layer(x).shape
+    w = tf.constant(rng.standard_normal(want_shape).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        want = tf.reduce_sum(layer(x) * w)
+        y = conv.depthwise_conv2d(x, layer.kernel, layer.strides, padding)
+        got = tf.reduce_sum(y * w)
+    assert y.shape == want_shape
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+    for a, b in zip(tape.gradient(got, [x, layer.kernel]), tape.gradient(want, [x, layer.kernel])):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)

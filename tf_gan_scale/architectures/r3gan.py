@@ -89,7 +89,10 @@ class LearnedBasis(keras.layers.Layer):
             initializer=keras.initializers.RandomNormal(stddev=1.0))
 
     def call(self, v):
-        return tf.cast(self.basis, v.dtype)[None] * v[:, None, None, :]
+        # An einsum, not the broadcast product basis[None] * v[:, None, None, :]: the
+        # same values, but DTensor crashes (SIGSEGV, TF 2.21) differentiating that
+        # broadcast with v split over examples.
+        return tf.einsum("bw,hxw->bhxw", v, tf.cast(self.basis, v.dtype))
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.size, self.size, input_shape[-1])

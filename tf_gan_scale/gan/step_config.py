@@ -296,11 +296,11 @@ class StepConfig:
         out = [f"config.train.{f.name}={getattr(self, f.name)!r} ({f.metadata['why']})"
                for f in dataclasses.fields(self)
                if engine not in f.metadata["engines"] and self.is_on(f.name)]
-        if self.paired and engine not in ("replicas",):
+        # A paired loss runs where a penalty does, R1 + R2 in D's pass with it (the
+        # penalty knob's engines: a pipeline refuses both).
+        if self.paired and engine not in NOT_PIPELINED:
             out.append(f"config.train.loss={saved_name(self.loss, losses.LOSSES)!r} "
                        f"({UNTESTED})")
-        if self.in_pass and engine not in ("replicas",):
-            out.append(f"config.train.penalty={self.penalty!r} ({UNTESTED})")
         # A DiffAugment policy runs anywhere, ADA's pipes on replicas and meshes.
         if self.augment in ADA_PIPES and engine not in ("replicas", "mesh"):
             out.append(f"config.train.augment={self.augment!r} ({UNTESTED})")

@@ -19,6 +19,13 @@ Costs: kh x kw einsums instead of one convolution kernel (slower per FLOP than c
 oneDNN), and the whole input is needed by every device of a model row. It pays where the
 filters are large enough for their memory to matter (layouts.CONV_SPLIT_MIN_PARAMS).
 
+Depthwise convolution: DTensor has no layout propagation for its filter gradient,
+DepthwiseConv2dNativeBackpropFilter (R3GAN's D basis, a depthwise conv over the whole
+4x4 map, fails its first D update). The same convolution as a sum over taps of strided
+slices times the tap's [C, M] filter (`depthwise_conv2d`), installed on every
+DepthwiseConv2D of a model on a mesh (`use_depthwise_taps`; the filter replicated), equal
+to Keras' up to float32 summation order.
+
 Average pooling: DTensor expands AvgPool but has no layout propagation for its gradient,
 AvgPoolGrad (SNGAN's and BigGAN's residual D blocks fail in their first D update). The
 same pooling as the mean of its window's strided slices needs only StridedSliceGrad,
@@ -31,12 +38,14 @@ import numpy as np
 import tensorflow as tf
 
 from tf_gan_scale.layers import stylegan
+from tf_gan_scale.layers.grouped_conv import GroupedConv2D
 
 # Layer type -> the kernel axis of its output channels ([kh, kw, in, out] for Conv2D,
 # [kh, kw, out, in] for Conv2DTranspose). StyleGAN2's convolutions (the equalized one of
 # D, the modulated one of G) take tap functions for their conv2d_resample
-# (`layer.taps`); their kernels are [k, k, in, out].
-OUT_AXIS = {keras.layers.Conv2D: 3, keras.layers.Conv2DTranspose: 2}
+# (`layer.taps`); their kernels are [k, k, in, out]. A grouped convolution's kernel is
+# [k, k, in / groups, out], split in whole groups (`grouped_conv2d`).
+OUT_AXIS = {keras.layers.Conv2D: 3, keras.layers.Conv2DTranspose: 2, GroupedConv2D: 3}
 STYLE_CONVS = (stylegan.EqualizedConv2D, stylegan.SynthesisLayer)
 OUT_AXIS.update({kind: 3 for kind in STYLE_CONVS})
 
@@ -50,8 +59,8 @@ def unsupported(layer):
     """Why `layer`'s convolution cannot be computed by taps here ("" when it can)."""
     if out_axis(layer) is None:
         return f"{type(layer).__name__} (only Conv2D and Conv2DTranspose)"
-    if isinstance(layer, STYLE_CONVS):  # Channels last, no dilation: every one.
-        return ""
+    if isinstance(layer, STYLE_CONVS + (GroupedConv2D,)):  # Channels last, no dilation:
+        return ""  # every one.
     bad = []
     if layer.data_format != "channels_last":
         bad.append(f"data_format={layer.data_format!r}")
@@ -145,6 +154,31 @@ def conv2d_transpose(x, kernel, strides, padding="same"):
     return y
 
 
+def grouped_conv2d(x, kernel, groups):
+    """GroupedConv2D's convolution (stride 1, "same") as a sum over taps, each an einsum
+    over the groups: a kernel split on its output channels in whole groups (the model
+    axis divides `groups`) makes each device compute its own groups from its slice of
+    the input's channels, with no communication.
+
+    Args:
+        x: [B, H, W, C_in] (static H, W, C_in).
+        kernel: [k, k, C_in / groups, C_out].
+    Returns:
+        [B, H, W, C_out]; output channel o sees input group o // (C_out / groups).
+    """
+    k, cin_g, cout = int(kernel.shape[0]), int(kernel.shape[2]), int(kernel.shape[3])
+    h, w, r = int(x.shape[1]), int(x.shape[2]), k // 2
+    xp = tf.pad(x, [[0, 0], [r, r], [r, r], [0, 0]])
+    y = None
+    for i in range(k):
+        for j in range(k):
+            patch = tf.reshape(xp[:, i:i + h, j:j + w, :], [-1, h, w, groups, cin_g])
+            tap = tf.einsum("bhwgc,cgo->bhwgo", patch,
+                            tf.reshape(kernel[i, j], [cin_g, groups, cout // groups]))
+            y = tap if y is None else y + tap
+    return tf.reshape(y, [-1, h, w, cout])
+
+
 def use_taps(layer, constrain_input=lambda x: x):
     """Makes this instance of a Conv2D / Conv2DTranspose compute by taps (bias and
     activation as Keras does), its input passed through `constrain_input` first; a
@@ -154,6 +188,10 @@ def use_taps(layer, constrain_input=lambda x: x):
         own = layer.call
         layer.call = lambda inputs, *args, **kwargs: own(constrain_input(inputs), *args,
                                                          **kwargs)
+        return
+    if isinstance(layer, GroupedConv2D):
+        layer.call = lambda inputs: grouped_conv2d(
+            inputs, tf.cast(layer.kernel, inputs.dtype), layer.groups)
         return
     transposed = isinstance(layer, keras.layers.Conv2DTranspose)
 
@@ -165,6 +203,55 @@ def use_taps(layer, constrain_input=lambda x: x):
             y = conv2d(x, layer.kernel, tuple(layer.strides), layer.padding)
         if layer.use_bias:
             y = y + layer.bias
+        return layer.activation(y) if layer.activation is not None else y
+
+    layer.call = call  # This instance only.
+
+
+def depthwise_unsupported(layer):
+    """Why `layer` (a DepthwiseConv2D) cannot run by taps ("" when it can)."""
+    bad = []
+    if layer.data_format != "channels_last":
+        bad.append(f"data_format={layer.data_format!r}")
+    if tuple(layer.dilation_rate) != (1, 1):
+        bad.append(f"dilation_rate={tuple(layer.dilation_rate)}")
+    return ", ".join(bad)
+
+
+def depthwise_conv2d(x, kernel, strides, padding):
+    """Keras' DepthwiseConv2D (channels_last, dilation 1) as a sum over taps.
+
+    Args:
+        x: [B, H, W, C] (static H, W).
+        kernel: [kh, kw, C, M] (M: the depth multiplier).
+        strides: (sh, sw). padding: "same" or "valid".
+    Returns:
+        [B, H_out, W_out, C * M], channel c * M + m from input channel c (Keras' order).
+    """
+    kh, kw, c, m = (int(n) for n in kernel.shape)
+    (sh, sw), (h, w) = strides, (int(x.shape[1]), int(x.shape[2]))
+    if padding == "same":
+        (ho, top, bottom), (wo, left, right) = _same_pads(h, kh, sh), _same_pads(w, kw, sw)
+        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+    else:
+        ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    y = None
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
+            tap = patch[..., None] * kernel[i, j]  # [B, ho, wo, C, M]
+            y = tap if y is None else y + tap
+    return tf.reshape(y, [-1, ho, wo, c * m])
+
+
+def use_depthwise_taps(layer):
+    """Makes this instance of a DepthwiseConv2D compute by taps (`depthwise_conv2d`),
+    bias and activation as Keras does."""
+    def call(inputs):
+        y = depthwise_conv2d(inputs, tf.cast(layer.kernel, inputs.dtype),
+                             tuple(layer.strides), layer.padding)
+        if layer.use_bias:
+            y = y + tf.cast(layer.bias, y.dtype)
         return layer.activation(y) if layer.activation is not None else y
 
     layer.call = call  # This instance only.

@@ -33,6 +33,7 @@ from tensorflow.experimental import dtensor
 from tf_gan_scale import errors
 from tf_gan_scale.cluster.mesh_spec import AXES, MODEL
 from tf_gan_scale.architectures.stylegan2 import MappingNetwork
+from tf_gan_scale.layers.grouped_conv import GroupedConv2D
 from tf_gan_scale.layers.stylegan import EqualizedConv2D, EqualizedDense, SynthesisLayer, ToRGB
 from tf_gan_scale.parallel import conv, tensors
 
@@ -68,11 +69,16 @@ def _conv(layer, weight, model_size):
     return tuple(MODEL if a == axis else None for a in range(len(weight.shape)))
 
 
+def _grouped_conv(layer, weight, model_size):
+    # Split in whole groups: each device computes its groups from its channels alone.
+    return _conv(layer, weight, model_size) if layer.groups % model_size == 0 else None
+
+
 # Layer type -> fn(layer, weight, model_size) -> spec or None (replicated). isinstance
 # order: the first matching type decides.
 RULES = {keras.layers.Dense: _dense, keras.layers.Embedding: _embedding,
          keras.layers.Conv2D: _conv, keras.layers.Conv2DTranspose: _conv,
-         EqualizedConv2D: _conv, EqualizedDense: _dense}
+         EqualizedConv2D: _conv, EqualizedDense: _dense, GroupedConv2D: _grouped_conv}
 
 
 # Weights the default plan keeps whole although a rule above could split them, because
@@ -301,6 +307,8 @@ def shard(models, mesh, weight_plan):
                 _constrain(layer, mesh, "input")
             elif isinstance(layer, keras.layers.AveragePooling2D):
                 conv.use_slice_pool(layer)  # MeshTrainer refused the ones it cannot.
+            elif isinstance(layer, keras.layers.DepthwiseConv2D):
+                conv.use_depthwise_taps(layer)  # Likewise.
         for layer in model._flatten_layers(include_self=False, recursive=True):
             if isinstance(layer, SynthesisLayer) and _split(layer.kernel):
                 conv.use_taps(layer)  # Its input is constrained above.

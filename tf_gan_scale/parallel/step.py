@@ -110,13 +110,15 @@ def _unsupported_layers(models):
     """["AveragePooling2D with data_format='channels_first' in discriminator", ...] for
     the layers of `models` a mesh cannot run: a ConfigError before anything runs, not an
     error inside the first step. Average pooling runs by strided slices (conv.avg_pool;
-    DTensor cannot expand AvgPool's own gradient), written for channels last."""
+    DTensor cannot expand AvgPool's own gradient), depthwise convolutions by taps
+    (conv.depthwise_conv2d; nor its filter gradient), both written for channels last."""
     found = []
     for model in models:
-        whys = sorted({f"{type(layer).__name__} with {conv.pool_unsupported(layer)}"
+        checks = ((keras.layers.AveragePooling2D, conv.pool_unsupported),
+                  (keras.layers.DepthwiseConv2D, conv.depthwise_unsupported))
+        whys = sorted({f"{type(layer).__name__} with {why(layer)}"
                        for layer in model._flatten_layers(include_self=False, recursive=True)
-                       if isinstance(layer, keras.layers.AveragePooling2D)
-                       and conv.pool_unsupported(layer)})
+                       for kind, why in checks if isinstance(layer, kind) and why(layer)})
         found += [f"{why} in {model.name}" for why in whys]
     return found
 
@@ -133,8 +135,9 @@ def refuse(bad):
 class MeshTrainer:
     """Trains `gan` (a compiled `gan.GAN`) on `mesh` with the data-parallel step itself
     (`GanStep.train` on the global batch: penalties, lazy penalties, LeCam, accumulation,
-    EMA). Tested with DCGAN, MLP, SNGAN, the conditional BigGAN (d_steps 1 and 2) and
-    StyleGAN2 with its lazy phases, path length, style mixing, ADA and float16 off.
+    EMA). Tested with DCGAN, MLP, SNGAN, the conditional BigGAN (d_steps 1 and 2),
+    StyleGAN2 with its lazy phases, path length, style mixing, ADA and float16 blocks,
+    and the conditional R3GAN with its paired loss, R1 + R2 and pipe.
 
     What moves onto the mesh is the GAN's checkpoint items (`gan.checkpoint_items()`,
     `by_kind`): the networks' weights by `weight_plan` (layouts.plan), then the
@@ -274,11 +277,14 @@ class MeshTrainer:
         return put(real, tf.float32), put(labels, tf.int32)
 
     def train_step(self, batches):
-        """One GAN step: `batches` is a list of d_steps (real, labels) pairs of mesh
-        DTensors (`batch`). Returns (last D loss, G loss) as floats."""
+        """One GAN step: `batches` is a list of (real, labels) pairs of mesh DTensors
+        (`batch`): one per D update, then with a paired loss (RpGAN) G's own reals
+        (StepConfig.batches_per_step). Returns (last D loss, G loss) as floats."""
         d_steps = self.gan.d_steps
-        if len(batches) != d_steps:
-            raise ValueError(f"{len(batches)} batches for d_steps={d_steps}")
+        if len(batches) != self.gan.step_config.batches_per_step:
+            raise ValueError(f"{len(batches)} batches for d_steps={d_steps}; valid: "
+                             f"{self.gan.step_config.batches_per_step} (one per D "
+                             f"update, then G's reals with a paired loss)")
         step = self.step
         due = None
         if self.gan.step_config.penalty_every > 1:

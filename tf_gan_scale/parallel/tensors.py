@@ -37,7 +37,20 @@ def place(variable, mesh, spec=None):
 def by_example(x, mesh):
     """x relaid out to split over examples only ([batch, -, ...]): identity values."""
     spec = ["batch"] + [dtensor.UNSHARDED] * (x.shape.rank - 1)
-    return dtensor.relayout(x, dtensor.Layout(spec, mesh))
+    layout = dtensor.Layout(spec, mesh)
+
+    # The gradient constrained the same way, to any order. DTensor's own gradient of a
+    # relayout relays out "like the forward input" (RelayoutLike), and differentiated
+    # again (R1 + R2's double backprop through D) that failed SPMD expansion: "output
+    # layout of Relayout op after layout propagation does not match layout specified by
+    # Relayout op". Values are the identity either way.
+    @tf.custom_gradient
+    def constrained(t):
+        def grad(g):
+            return by_example(g, mesh)
+        return dtensor.relayout(t, layout), grad
+
+    return constrained(x)
 
 
 def join_examples(parts):

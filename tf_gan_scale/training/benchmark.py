@@ -160,7 +160,8 @@ class MeshRun:
                                                  config.train.d_steps).items()}
         self.trainer = mesh_gan.place()
         self.batches = self.trainer.batches(input_fn)
-        self.d_steps = config.train.d_steps
+        # Batches per GAN step: one per D update, then G's own with a paired loss.
+        self.batches_per_step = self.trainer.gan.step_config.batches_per_step
         # Parameters on the first device: what a mesh saves in weight memory.
         self.params = {net.name: _per_device(net.weights, "params")[0] for net in nets}
         self.split = mesh_gan.split_weights
@@ -168,7 +169,7 @@ class MeshRun:
     def time(self, steps, warmup):
         stamps = []
         for _ in range(warmup + steps):
-            feed = [next(self.batches) for _ in range(self.d_steps)]
+            feed = [next(self.batches) for _ in range(self.batches_per_step)]
             self.trainer.train_step(feed)  # Returns the losses as floats: synchronous.
             stamps.append(time.perf_counter())
         return (stamps[-1] - stamps[warmup - 1]) / steps

@@ -169,10 +169,10 @@ def _run(config, workdir, dims, mesh, claim, tfds_data_dir, verbose, allowed_cha
     for cb in cbs:
         cb.on_train_begin()
     batches = trainer.batches(p.input)
-    # One GAN step per iteration (d_steps global batches); the callbacks see each step,
-    # as Keras' fit with one step per call.
+    # One GAN step per iteration (d_steps global batches, then G's own with a paired
+    # loss); the callbacks see each step, as Keras' fit with one step per call.
     while trainer.step < t.num_steps and not view.stop_training:
-        feed = [next(batches) for _ in range(t.d_steps)]
+        feed = [next(batches) for _ in range(trainer.gan.step_config.batches_per_step)]
         d_loss, g_loss = trainer.train_step(feed)
         for cb in cbs:
             cb.on_train_batch_end(trainer.step - 1, {"d_loss": d_loss, "g_loss": g_loss})
