@@ -1,0 +1,184 @@
+"""Official StyleGAN2-ADA snapshots in (tf_gan_scale/interop): read without PyTorch and
+without running their code, and the same numbers out.
+
+Golden data: tests/fixtures/make_stylegan2_official.py ran the official code
+(NVlabs/stylegan2-ada-pytorch d72cc7d, torch on CPU) once, by hand, and wrote three
+snapshots exactly as its training loop does (fp32; class-conditional with float16 blocks
+and conv_clamp 256, the path of the official pretrained snapshots; the 'orig' D) and
+their outputs, in float32 as the official code computes them and in float64. Each of
+our outputs must be within 3x the official float32 run's own distance from float64
+(its rounding, measured per output and stored with it) of the float64 outputs: mapping
+(psi 1 and 0.7), G_ema's synthesis, G's image, D on real images and on G's, D's input
+gradient and every gradient of D(G(z)) with respect to G's and D's weights.
+"""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_gan_scale import architectures, errors
+from tf_gan_scale.architectures import stylegan2 as sg2
+from tf_gan_scale.interop import stylegan2 as imp
+from tf_gan_scale.interop import torch_pickle
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+SNAPSHOTS = ("fp32", "cond_fp16", "orig")
+
+
+def typical_rounding(golden, prefix):
+    """The upper quartile over a snapshot's outputs of the official rounding relative to
+    the output's magnitude (fp32: 5.7e-7, orig: 3.7e-7, cond_fp16: 5.5e-2, its float16
+    blocks). One output's measured rounding is one draw: a gradient summed over many
+    terms can match float64 by luck (some to 0.0), which another summation order cannot
+    promise; so each output's bound is at least this typical rounding at its magnitude.
+    (A weight in the wrong layout or a gradient off by 2 misses by orders of magnitude.)"""
+    rel = [float(golden[k]) / max(float(np.max(np.abs(golden[k.replace("/rounding/", "/f64/")]))),
+                                  1e-30)
+           for k in golden if k.startswith(f"{prefix}/rounding/")]
+    return float(np.percentile(rel, 75))
+
+
+@pytest.fixture(scope="module")
+def golden():
+    out = dict(np.load(os.path.join(FIXTURES, "stylegan2_official_outputs.npz")))
+    for name in SNAPSHOTS:
+        out[f"{name}/typical"] = typical_rounding(out, name)
+    return out
+
+
+def snapshot(name):
+    return torch_pickle.load(os.path.join(FIXTURES, f"stylegan2_official_{name}.pkl"))
+
+
+def networks(name):
+    """(objects, config, G_ema, G, D) of a snapshot, ours built from its kwargs and
+    given its weights."""
+    objects = snapshot(name)
+    model = imp.model_config(objects)
+    data = dict(model)
+    shape = (data.pop("resolution"),) * 2 + (data.pop("img_channels"),)
+    classes = data.pop("num_classes")
+    kwargs = {k: v for k, v in data.items() if k not in ("name", "conditional")}
+    # Minibatch std over the official forward's rows: one chunk of the batch of 4 (the
+    # official groups rows j, j + 2 of a GPU's batch: model.mbstd_chunk = batch_gpu).
+    kwargs["mbstd_chunk"] = 4
+    nets = {}
+    for net in ("G_ema", "G", "D"):
+        g, d = architectures.build("stylegan2", data_shape=shape, num_classes=classes, **kwargs)
+        nets[net] = d if net == "D" else g
+        imp.assign(nets[net], objects[net], "D" if net == "D" else "G")
+    return objects, model, nets["G_ema"], nets["G"], nets["D"]
+
+
+def close(golden, prefix, what, got):
+    """|got - float64| <= 3 x the official float32 rounding of this output."""
+    want = golden[f"{prefix}/f64/{what}"]
+    bound = 3 * max(float(golden[f"{prefix}/rounding/{what}"]),
+                    golden[f"{prefix}/typical"] * float(np.max(np.abs(want))))
+    err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
+    assert err <= bound, (prefix, what, err, bound)
+    return err
+
+
+def nchw(images):
+    return np.transpose(np.asarray(images), (0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_the_networks_compute_the_official_functions(golden, name):
+    _, model, g_ema, g, d = networks(name)
+    z = tf.constant(golden[f"{name}/z"])
+    labels = tf.constant(golden[f"{name}/labels"]) if model["conditional"] else None
+    real = tf.constant(np.transpose(golden[f"{name}/img"], (0, 2, 3, 1)))
+    d_in = (lambda x: [x, labels]) if labels is not None else (lambda x: x)
+    mapping, synthesis = sg2.parts(g_ema)
+    w = mapping([z, labels] if labels is not None else z, training=False)
+    ws = np.tile(np.asarray(w)[:, None], [1, synthesis.num_ws, 1])
+    close(golden, name, "ws_psi1", ws)
+    close(golden, name, "ws_psi07", sg2.truncate(ws, mapping.w_avg, 0.7))
+    close(golden, name, "img_ema", nchw(sg2.sample(g_ema, z, labels)))
+    close(golden, name, "d_fake_ema", d(d_in(sg2.sample(g_ema, z, labels)), training=False))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(real)
+        d_real = tf.reduce_sum(d(d_in(real), training=False))
+        fake = sg2.sample(g, z, labels)
+        d_gen = d(d_in(fake), training=False)
+        total = tf.reduce_sum(d_gen)
+    close(golden, name, "img_G", nchw(fake))
+    close(golden, name, "d_real", np.asarray(d(d_in(real), training=False)))
+    close(golden, name, "d_gen", d_gen)
+    close(golden, name, "d_real_grad_img", nchw(tape.gradient(d_real, real)))
+    # Every weight's gradient of D(G(z)).sum(), in the official layout's terms.
+    checked = 0
+    for kind, net in (("G", g), ("D", d)):
+        weights = net.trainable_weights
+        grads = dict(zip([w.path for w in weights],
+                         tape.gradient(total, weights,
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)))
+        for key in golden:
+            head = f"{name}/f32/grad_{kind}/"
+            if not key.startswith(head):
+                continue
+            official = key[len(head):]
+            ours = grads[imp._ours(official, kind)]
+            want_layout = imp._layout(official, golden[f"{name}/f64/grad_{kind}/{official}"],
+                                      kind)
+            bound_key = f"grad_{kind}/{official}"
+            golden_view = {f"{name}/f64/{bound_key}": want_layout,
+                           f"{name}/rounding/{bound_key}": golden[f"{name}/rounding/{bound_key}"],
+                           f"{name}/typical": golden[f"{name}/typical"]}
+            close(golden_view, name, bound_key, ours)
+            checked += 1
+    assert checked >= 50, checked
+
+
+def test_a_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path):
+    # The official loader executes the source a snapshot carries; ours calls nothing a
+    # pickle names. A pickle whose load would run a shell command is refused in one
+    # line, and the command never runs.
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "network-snapshot-000000.pkl"
+    path.write_bytes(pickle.dumps({"G": Evil()}))
+    with pytest.raises(torch_pickle.PickleRefused, match=r"references (posix|os)\.system"):
+        torch_pickle.load(str(path))
+    assert not marker.exists()
+    # The same through the official snapshot's own mechanism: a persistent object whose
+    # embedded module source would run code when exec'd (the official loader does).
+    objects = snapshot("fp32")
+    assert "def " in objects["G"].module_src  # Kept as text, never executed.
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda o: o["D"].state["_init_kwargs"].update(architecture="skip"),
+     "D has architecture='skip'"),
+    (lambda o: o["D"].state["_init_kwargs"].update(channel_max=32),
+     "D has channel_max=32"),
+    (lambda o: o["G"].state["_init_kwargs"]["synthesis_kwargs"].update(architecture="resnet"),
+     "G has synthesis_kwargs.architecture='resnet'"),
+    (lambda o: o.pop("G_ema"), "no official 'G_ema' network"),
+])
+def test_what_cannot_be_expressed_is_named(edit, words):
+    objects = snapshot("fp32")
+    edit(objects)
+    with pytest.raises(errors.ConfigError, match=words.replace("(", r"\(")):
+        imp.model_config(objects)
+
+
+def test_a_snapshot_of_another_shape_is_refused_before_any_weight_moves():
+    objects = snapshot("fp32")
+    g, _ = architectures.build("stylegan2", data_shape=(16, 16, 3), latent_dim=8, w_dim=8,
+                               mapping_layers=2, fmaps=256 / 32768, channel_max=32,
+                               mbstd_group=2)
+    before = [w.numpy() for w in g.weights]
+    with pytest.raises(errors.ConfigError, match="does not fit"):
+        imp.assign(g, objects["G"], "G")
+    for w, b in zip(g.weights, before):
+        np.testing.assert_array_equal(w.numpy(), b)
