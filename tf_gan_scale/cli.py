@@ -84,7 +84,8 @@ def _parse_flags(argv):
              f"config file and change its keys with --config.KEY=VALUE")
     argv = last_override_wins(argv)
     path = _config_path(argv)
-    if path is not None and not os.path.isfile(path):
+    # "FILE:ARG" passes ARG to FILE's get_config (ml_collections' config_flags).
+    if path is not None and not os.path.isfile(path.split(":", 1)[0]):
         fail(f"cannot load --config={path!r}: no such file")
     try:
         return flags.FLAGS(argv)

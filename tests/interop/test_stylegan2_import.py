@@ -182,3 +182,77 @@ def test_a_snapshot_of_another_shape_is_refused_before_any_weight_moves():
         imp.assign(g, objects["G"], "G")
     for w, b in zip(g.weights, before):
         np.testing.assert_array_equal(w.numpy(), b)
+
+
+def test_the_import_tool_writes_a_run_that_samples_the_official_images(golden, tmp_path):
+    # tools/import_stylegan2.py: a run directory (run.json, checkpoint 0) that the
+    # package's tools read as any run; the EMA generator sampled from it is the
+    # snapshot's G_ema (the official images), ADA's p the snapshot's.
+    from conftest import run_in_process
+    from tf_gan_scale import training
+    from tf_gan_scale.artifacts import sampling
+    workdir = tmp_path / "imported"
+    proc = run_in_process(["tools/import_stylegan2.py", f"--workdir={workdir}", "--preset=cifar",
+                           f"--pkl={os.path.join(FIXTURES, 'stylegan2_official_cond_fp16.pkl')}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert (info["ada_p"], info["data_shape"], info["num_classes"]) == (0.25, [16, 16, 3], 3)
+    assert sorted(os.listdir(workdir)) == ["checkpoints", "run.json"]
+    config, shape, classes = training.load_run(str(workdir))
+    assert (config.model.num_fp16_res, config.model.conv_clamp, config.train.augment) == (
+        2, 256.0, "ada")
+    # experiments/recorded.py:DIR, the config to train on from it, is the recorded one.
+    recorded = __import__("runpy").run_path(os.path.join(
+        os.path.dirname(__file__), "..", "..", "experiments", "recorded.py"))
+    assert recorded["get_config"](str(workdir)).to_dict() == config.to_dict()
+    generator, _, step, _ = sampling.load_generator(str(workdir))
+    assert step == 0
+    z, labels = golden["cond_fp16/z"], golden["cond_fp16/labels"]
+    close(golden, "cond_fp16", "img_ema", nchw(sg2.sample(generator, z, labels)))
+    p = tf.Variable(0.0)
+    tf.train.Checkpoint(ada_p=p).read(str(workdir / "checkpoints" / "ckpt-0")).expect_partial()
+    assert float(p.numpy()) == 0.25
+
+
+def test_an_import_writes_nothing_over_a_run_and_nothing_from_a_bad_pickle(tmp_path):
+    from conftest import run_in_process
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps(os.system))
+    good = os.path.join(FIXTURES, "stylegan2_official_fp32.pkl")
+    cases = [([f"--pkl={good}", f"--workdir={run}"], "is not empty"),
+             ([f"--pkl={evil}", f"--workdir={tmp_path / 'new'}"], "references posix.system"),
+             ([f"--pkl={tmp_path / 'none.pkl'}", f"--workdir={tmp_path / 'new'}"],
+              "is not a file"),
+             ([f"--pkl={good}", f"--workdir={tmp_path / 'new'}", "--preset=huge"],
+              "--preset")]
+    for args, words in cases:
+        proc = run_in_process(["tools/import_stylegan2.py", *args])
+        assert proc.returncode != 0 and words in proc.stderr.strip().splitlines()[-1], (
+            args, proc.stderr[-1000:])
+    assert (run / "run.json").read_text() == "{}" and os.listdir(run) == ["run.json"]
+    assert sorted(os.listdir(tmp_path)) == ["evil.pkl", "run"]
+
+
+@pytest.mark.slow  # ~60 s: the StyleGAN2-ADA step with its phases traced.
+def test_an_imported_snapshot_fine_tunes_on_new_data(tmp_path):
+    # The import with a data source, then the training binary on the recorded config
+    # (experiments/recorded.py): it resumes from the snapshot (step 0) and trains.
+    from conftest import run_cmd
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.integers(0, 255, (64, 16, 16, 3), dtype=np.uint8),
+             y=rng.integers(0, 3, 64))
+    workdir = tmp_path / "run"
+    proc = run_cmd(["tools/import_stylegan2.py", f"--workdir={workdir}", "--preset=cifar",
+                    f"--pkl={os.path.join(FIXTURES, 'stylegan2_official_cond_fp16.pkl')}",
+                    f"--data_source=npz:{data}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cmd(["-m", "tf_gan_scale.main", f"--config=experiments/recorded.py:{workdir}",
+                    f"--workdir={workdir}", "--config.train.num_steps=2",
+                    "--config.train.checkpoint_every=2"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed {workdir}/checkpoints/ckpt-0" in proc.stderr, proc.stderr[-3000:]
+    assert os.path.exists(workdir / "checkpoints" / "ckpt-2.index")

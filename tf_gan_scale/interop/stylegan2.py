@@ -19,12 +19,16 @@ The [1, 3, 3, 1] resample filters (buffers) are not weights here: each is checke
 that filter, and any other is refused.
 """
 
+import os
 import re
+import shutil
 
 import numpy as np
+import tensorflow as tf
 
-from tf_gan_scale import errors
+from tf_gan_scale import configs, errors, training
 from tf_gan_scale.interop import torch_pickle
+from tf_gan_scale.training import checkpoints, record
 
 # The init kwargs this package reproduces, and the value each must have (official
 # defaults and train.py's choices) where it has no knob for it.
@@ -168,3 +172,64 @@ def assign(net, official, kind):
                                  f"{', '.join(missing)}")
     for path, array in values.items():
         ours[path].assign(array.astype(ours[path].dtype))
+
+
+def config_for(objects, preset="paper256", data_source=None):
+    """The run config of a snapshot: StyleGAN2-ADA preset `preset` (configs.stylegan2:
+    the training recipe the snapshot is to continue or be fine-tuned with) with the
+    snapshot's networks (`model_config`) and data `data_source` (default: the preset's).
+    Returns (config, data_shape, num_classes)."""
+    model = dict(model_config(objects))
+    shape = (model.pop("resolution"),) * 2 + (model.pop("img_channels"),)
+    classes = model.pop("num_classes")
+    config = configs.stylegan2(preset)
+    chunk = config.model.mbstd_chunk  # The preset's per-GPU batch, a multiple of the
+    if chunk % model["mbstd_group"]:  # snapshot's group, or the group alone.
+        chunk = model["mbstd_group"]
+    config.model.update({**model, "mbstd_chunk": chunk})
+    if data_source:
+        config.data.source = data_source
+    return config, shape, classes
+
+
+def import_snapshot(path, workdir, preset="paper256", data_source=None):
+    """Writes `workdir`, a run of this package that holds the snapshot at `path`: its
+    record (run.json: `config_for`'s config) and checkpoint 0 with G, D and the EMA
+    generator (the snapshot's G_ema) and ADA's p (its augment pipe's), optimizers fresh
+    (a snapshot holds none). Sampling, evaluation, export and training (resume or
+    fine-tuning, `--config.data.source=...`) then read it as any run.
+
+    Nothing is written unless all of it is: the run is assembled in a directory beside
+    `workdir` and renamed onto it; a workdir that exists and is not empty is refused.
+    Returns {"workdir", "step", "config" (flat keys that differ from the preset's model
+    and data), "ada_p"}."""
+    if os.path.isdir(workdir) and os.listdir(workdir):
+        raise errors.ConfigError(f"--workdir={workdir} is not empty; valid: a new directory "
+                                 f"(an import never writes over a run)")
+    objects = torch_pickle.load(path)
+    config, shape, classes = config_for(objects, preset, data_source)
+    gan = training.build_gan(config, shape, classes)
+    assign(gan.generator, objects["G"], "G")
+    assign(gan.discriminator, objects["D"], "D")
+    assign(gan.ema.model, objects["G_ema"], "G")
+    p = None
+    pipe = objects.get("augment_pipe")
+    if pipe is not None and getattr(gan, "ada_p", None) is not None:
+        p = float(np.asarray(torch_pickle.state_dict(pipe)["p"]))
+        gan.ada_p.assign(p)
+    staging = workdir.rstrip("/") + ".importing"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        record.write(staging, config, shape, num_classes=classes)
+        manager = checkpoints.Manager(tf.train.Checkpoint(**gan.checkpoint_items()),
+                                      os.path.join(staging, "checkpoints"), max_to_keep=None)
+        manager.save(checkpoint_number=0)
+        if os.path.isdir(workdir):
+            os.rmdir(workdir)  # Empty (checked above).
+        os.rename(staging, workdir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {"workdir": workdir, "step": 0, "ada_p": p,
+            "model": {k: config.model[k] for k in sorted(config.model)},
+            "data_shape": list(shape), "num_classes": classes}
