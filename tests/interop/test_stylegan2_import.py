@@ -212,6 +212,11 @@ def test_the_import_tool_writes_a_run_that_samples_the_official_images(golden, t
     p = tf.Variable(0.0)
     tf.train.Checkpoint(ada_p=p).read(str(workdir / "checkpoints" / "ckpt-0")).expect_partial()
     assert float(p.numpy()) == 0.25
+    # A .keras file of it, as of any run (tools/keras_file.py).
+    proc = run_in_process(["tools/keras_file.py", f"--workdir={workdir}",
+                           f"--to_keras={tmp_path / 'imported.keras'}"])
+    assert proc.returncode == 0 and (tmp_path / "imported.keras").stat().st_size > 0, (
+        proc.stderr[-2000:])
 
 
 def test_an_import_writes_nothing_over_a_run_and_nothing_from_a_bad_pickle(tmp_path):
