@@ -1,7 +1,7 @@
 """Imports an official StyleGAN2-ADA snapshot as a training run of this package.
 
     python tools/import_stylegan2.py --pkl=network-snapshot-000200.pkl --workdir=DIR \
-        [--preset=paper256] [--data_source=arrayrecord:/data/mine]
+        [--preset=paper256] [--data_source=arrayrecord:/data/mine] [--freezed=N]
 
 The snapshot (stylegan2-ada-pytorch's network-snapshot-XXXXXX.pkl: G, D, G_ema, the
 augment pipe) is read without PyTorch and without running the code it embeds (the
@@ -31,6 +31,8 @@ flags.DEFINE_string("workdir", None, "The run directory to create (absent or emp
 flags.DEFINE_enum("preset", "paper256", sorted(configs.STYLEGAN2_PRESETS),
                   "The StyleGAN2-ADA training recipe to record (configs.stylegan2).")
 flags.DEFINE_string("data_source", None, "The data to train on (default: the preset's).")
+flags.DEFINE_integer("freezed", None, "Freeze-D: D's first N layers not trained (the "
+                     "official --freezed; default: the snapshot's).")
 FLAGS = flags.FLAGS
 
 
@@ -43,7 +45,7 @@ def main(argv):
         raise errors.ConfigError(f"--pkl={FLAGS.pkl} is not a file; valid: an official "
                                  f"network-snapshot-XXXXXX.pkl")
     info = stylegan2.import_snapshot(FLAGS.pkl, FLAGS.workdir, FLAGS.preset,
-                                     FLAGS.data_source)
+                                     FLAGS.data_source, FLAGS.freezed)
     print(json.dumps(info))
     sys.stdout.flush()
 

@@ -355,3 +355,33 @@ def test_float16_model_matches_float32_and_its_gradients_are_finite():
         r1 = tf.reduce_sum(tf.square(inner.gradient(total, x)))
     grads = outer.gradient(r1, d16.trainable_weights)
     assert all(bool(tf.reduce_all(tf.math.is_finite(gr))) for gr in grads if gr is not None)
+
+
+def test_freeze_d_trains_all_but_the_first_layers():
+    # Freeze-D (the official --freezed=N): D's first N layers in the official order
+    # (top block's fromrgb, conv0, conv1, skip, then the next block's) get no gradient
+    # and no update; a GAN step moves every other D weight.
+    from tf_gan_scale import gan as gan_lib
+    assert stylegan2.d_layers(16, "resnet") == ["b16_fromrgb", "b16_conv0", "b16_conv1", "b16_skip",
+                                          "b8_conv0", "b8_conv1", "b8_skip"]
+    assert stylegan2.d_layers(16, "orig") == ["b16_fromrgb", "b16_conv0", "b16_conv1", "b8_conv0",
+                                        "b8_conv1"]
+    keras.utils.set_random_seed(0)
+    g, d = stylegan2.build(data_shape=(16, 16, 1), latent_dim=8, w_dim=8, mapping_layers=2,
+                     fmaps=1 / 1024, channel_max=8, mbstd_group=2, d_freeze_layers=5)
+    frozen = {w.path for w in d.weights} - {w.path for w in d.trainable_weights}
+    assert frozen == {"b16_fromrgb/kernel", "b16_fromrgb/bias", "b16_conv0/kernel",
+                      "b16_conv0/bias", "b16_conv1/kernel", "b16_conv1/bias", "b16_skip/kernel",
+                      "b8_conv0/kernel", "b8_conv0/bias"}, frozen
+    model = gan_lib.GAN(g, d, latent_dim=8)
+    model.compile(d_optimizer=keras.optimizers.SGD(0.1), g_optimizer=keras.optimizers.SGD(0.1),
+                  loss="non_saturating")
+    before = {w.path: w.numpy() for w in d.weights}
+    real = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 1)).astype(np.float32)
+    model.train_step(tf.constant(real))
+    moved = {w.path for w in d.weights if not np.array_equal(w.numpy(), before[w.path])}
+    assert not moved & frozen and moved >= {"b8_conv1/kernel", "b4_fc/kernel"}, moved
+    with pytest.raises(errors.ConfigError, match=r"d_freeze_layers must be an integer in "
+                                                 r"\[0, 7\]"):
+        stylegan2.build(data_shape=(16, 16, 1), latent_dim=8, w_dim=8, mapping_layers=2,
+                  fmaps=1 / 1024, channel_max=8, mbstd_group=2, d_freeze_layers=8)

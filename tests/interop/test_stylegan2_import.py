@@ -172,6 +172,13 @@ def test_what_cannot_be_expressed_is_named(edit, words):
         imp.model_config(objects)
 
 
+def test_the_snapshots_freeze_d_is_kept():
+    objects = snapshot("orig")
+    assert imp.model_config(objects)["d_freeze_layers"] == 0
+    objects["D"].state["_init_kwargs"]["block_kwargs"] = {"freeze_layers": 3}
+    assert imp.model_config(objects)["d_freeze_layers"] == 3
+
+
 def test_a_snapshot_of_another_shape_is_refused_before_any_weight_moves():
     objects = snapshot("fp32")
     g, _ = architectures.build("stylegan2", data_shape=(16, 16, 3), latent_dim=8, w_dim=8,
@@ -193,7 +200,8 @@ def test_the_import_tool_writes_a_run_that_samples_the_official_images(golden, t
     from tf_gan_scale.artifacts import sampling
     workdir = tmp_path / "imported"
     proc = run_in_process(["tools/import_stylegan2.py", f"--workdir={workdir}", "--preset=cifar",
-                           f"--pkl={os.path.join(FIXTURES, 'stylegan2_official_cond_fp16.pkl')}"])
+                           f"--pkl={os.path.join(FIXTURES, 'stylegan2_official_cond_fp16.pkl')}",
+                           "--freezed=2"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     info = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
     assert (info["ada_p"], info["data_shape"], info["num_classes"]) == (0.25, [16, 16, 3], 3)
@@ -201,6 +209,7 @@ def test_the_import_tool_writes_a_run_that_samples_the_official_images(golden, t
     config, shape, classes = training.load_run(str(workdir))
     assert (config.model.num_fp16_res, config.model.conv_clamp, config.train.augment) == (
         2, 256.0, "ada")
+    assert config.model.d_freeze_layers == 2  # --freezed, as the official's.
     # experiments/recorded.py:DIR, the config to train on from it, is the recorded one.
     recorded = __import__("runpy").run_path(os.path.join(
         os.path.dirname(__file__), "..", "..", "experiments", "recorded.py"))

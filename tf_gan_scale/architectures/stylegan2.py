@@ -436,7 +436,8 @@ def _discriminator(data_shape, num_classes, *, widths, d_architecture, conv_clam
 
 def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layers=8,
           fmaps=1.0, channel_max=512, mbstd_group=4, mbstd_chunk=0, d_architecture="resnet",
-          conv_clamp=None, mapping_lr_mul=0.01, w_avg_beta=0.995, seed=0, num_fp16_res=0):
+          conv_clamp=None, mapping_lr_mul=0.01, w_avg_beta=0.995, seed=0, num_fp16_res=0,
+          d_freeze_layers=0):
     """Builds the StyleGAN2 pair (module docstring).
 
     Args:
@@ -458,6 +459,10 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
             below 8x8) compute in float16 with float32 variables; the mapping, the styles,
             the image sum and D's 4x4 epilogue stay float32. No loss scaling: the presets
             set train.grad_nan_to_num, as the official training loop cleans gradients.
+        d_freeze_layers: Freeze-D (Mo et al. 2020; the official --freezed=N, for transfer
+            learning): D's first N layers, in the official order (each block from the top
+            resolution: fromrgb, conv0, conv1, skip), are not trained (Keras
+            trainable=False: no gradient, no update); the 4x4 epilogue never is.
 
     Returns:
         (generator [z] or [z, labels int32 [B]] -> [B, R, R, C] float32,
@@ -485,4 +490,29 @@ def build(*, data_shape, latent_dim=512, num_classes=0, w_dim=512, mapping_layer
         data_shape, num_classes, widths=widths, d_architecture=d_architecture,
         conv_clamp=conv_clamp, num_fp16_res=num_fp16_res, mbstd_group=mbstd_group,
         mbstd_chunk=mbstd_chunk, mapping_lr_mul=mapping_lr_mul)
+    freeze_d(discriminator, d_freeze_layers, data_shape[0], d_architecture)
     return generator, discriminator
+
+
+def d_layers(resolution, d_architecture):
+    """D's block layers in the official numbering (networks.py:DiscriminatorBlock's
+    trainable_gen): from the top resolution down, fromrgb (top block), conv0, conv1, skip
+    (resnet)."""
+    names = []
+    for r in (2 ** k for k in range(int(math.log2(resolution)), 2, -1)):
+        names += [f"b{r}_fromrgb"] if r == resolution else []
+        names += [f"b{r}_conv0", f"b{r}_conv1"]
+        names += [f"b{r}_skip"] if d_architecture == "resnet" else []
+    return names
+
+
+def freeze_d(discriminator, n, resolution, d_architecture):
+    """Freeze-D: D's first `n` layers (`d_layers`) not trainable; ConfigError for n < 0
+    or more layers than D's blocks have."""
+    names = d_layers(resolution, d_architecture)
+    if not errors.is_int(n) or not 0 <= n <= len(names):
+        raise errors.ConfigError(f"stylegan2 d_freeze_layers must be an integer in [0, "
+                                 f"{len(names)}] (D's block layers: {', '.join(names)}); "
+                                 f"Received: d_freeze_layers={n!r}")
+    for name in names[:n]:
+        discriminator.get_layer(name).trainable = False

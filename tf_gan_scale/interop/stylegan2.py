@@ -63,7 +63,8 @@ def model_config(objects):
     Returns:
         {"name": "stylegan2", "latent_dim", "conditional", "w_dim", "mapping_layers",
          "fmaps", "channel_max", "mbstd_group", "d_architecture", "conv_clamp",
-         "num_fp16_res", "mapping_lr_mul", "w_avg_beta"} and "resolution",
+         "num_fp16_res", "mapping_lr_mul", "w_avg_beta", "d_freeze_layers"} and
+        "resolution",
         "img_channels", "num_classes" (the data's, for the caller).
     """
     for name in ("G", "D", "G_ema"):
@@ -102,6 +103,7 @@ def model_config(objects):
         "num_fp16_res": int(fp16),
         "mapping_lr_mul": float(mapping.get("lr_multiplier", 0.01)),
         "w_avg_beta": float(mapping.get("w_avg_beta", 0.995)),
+        "d_freeze_layers": int(_get(d, "block_kwargs.freeze_layers") or 0),
         "resolution": int(g["img_resolution"]), "img_channels": int(g["img_channels"]),
         "num_classes": int(g.get("c_dim", 0))}
 
@@ -192,12 +194,15 @@ def config_for(objects, preset="paper256", data_source=None):
     return config, shape, classes
 
 
-def import_snapshot(path, workdir, preset="paper256", data_source=None):
+def import_snapshot(path, workdir, preset="paper256", data_source=None, freezed=None):
     """Writes `workdir`, a run of this package that holds the snapshot at `path`: its
     record (run.json: `config_for`'s config) and checkpoint 0 with G, D and the EMA
     generator (the snapshot's G_ema) and ADA's p (its augment pipe's), optimizers fresh
     (a snapshot holds none). Sampling, evaluation, export and training (resume or
     fine-tuning, `--config.data.source=...`) then read it as any run.
+
+    freezed: Freeze-D's layer count for training on from it (the official --freezed;
+    default: the snapshot's D's own freeze_layers).
 
     Nothing is written unless all of it is: the run is assembled in a directory beside
     `workdir` and renamed onto it; a workdir that exists and is not empty is refused.
@@ -208,6 +213,8 @@ def import_snapshot(path, workdir, preset="paper256", data_source=None):
                                  f"(an import never writes over a run)")
     objects = torch_pickle.load(path)
     config, shape, classes = config_for(objects, preset, data_source)
+    if freezed is not None:
+        config.model.d_freeze_layers = freezed
     gan = training.build_gan(config, shape, classes)
     assign(gan.generator, objects["G"], "G")
     assign(gan.discriminator, objects["D"], "D")
