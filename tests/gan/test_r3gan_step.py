@@ -235,6 +235,11 @@ def test_r1_r2_refuses_batch_norm_in_d_and_engines_not_tested():
         assert StepConfig(**R3).unsupported(engine) == [], engine
     refused = " ".join(StepConfig(**R3).unsupported("pipeline"))
     assert "loss='rpgan'" in refused and "penalty='r1_r2'" in refused
+    # Not in those tests: two D updates per paired step, the finite difference.
+    for knobs, words in (({"d_steps": 2}, "loss='rpgan' with d_steps=2"),
+                         ({"penalty_fd_sigma": 0.01}, "penalty_fd_sigma=0.01")):
+        assert StepConfig(**{**R3, **knobs}).unsupported("replicas") == []
+        assert words in " ".join(StepConfig(**{**R3, **knobs}).unsupported("mesh"))
 
 
 def test_a_paired_fake_takes_its_real_rows_label():

@@ -12,6 +12,7 @@ our outputs must be within 3x the official float32 run's own distance from float
 gradient and every gradient of D(G(z)) with respect to G's and D's weights.
 """
 
+import io
 import os
 import pickle
 
@@ -164,6 +165,9 @@ def test_a_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path):
     (lambda o: o["G"].state["_init_kwargs"]["synthesis_kwargs"].update(architecture="resnet"),
      "G has synthesis_kwargs.architecture='resnet'"),
     (lambda o: o.pop("G_ema"), "no official 'G_ema' network"),
+    (lambda o: o["D"].state["_init_kwargs"].update(
+        epilogue_kwargs={"mbstd_group_size": 2, "mbstd_num_channels": 2}),
+     "D has epilogue_kwargs.mbstd_num_channels=2"),
 ])
 def test_what_cannot_be_expressed_is_named(edit, words):
     objects = snapshot("fp32")
@@ -177,6 +181,26 @@ def test_the_snapshots_freeze_d_is_kept():
     assert imp.model_config(objects)["d_freeze_layers"] == 0
     objects["D"].state["_init_kwargs"]["block_kwargs"] = {"freeze_layers": 3}
     assert imp.model_config(objects)["d_freeze_layers"] == 3
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda sd: sd.__setitem__("b8.resample_filter", sd["b8.resample_filter"] * 2),
+     "is not the \\[1, 3, 3, 1\\] filter"),
+    (lambda sd: sd.pop("b4.fc.bias"), "D weights with no official tensor: b4_fc/bias"),
+    (lambda sd: sd.__setitem__("b4.extra.weight", np.zeros((2, 2), np.float32)),
+     "b4.extra.weight \\(2, 2\\) has no weight here"),
+])
+def test_a_snapshot_whose_tensors_do_not_map_is_refused(monkeypatch, edit, words):
+    objects = snapshot("fp32")
+    _, _, _, _, d = networks("fp32")
+    state = torch_pickle.state_dict(objects["D"])
+    edit(state)
+    monkeypatch.setattr(torch_pickle, "state_dict", lambda net: state)
+    before = [w.numpy() for w in d.weights]
+    with pytest.raises(errors.ConfigError, match=words):
+        imp.assign(d, objects["D"], "D")
+    for w, b in zip(d.weights, before):  # Nothing assigned.
+        np.testing.assert_array_equal(w.numpy(), b)
 
 
 def test_a_snapshot_of_another_shape_is_refused_before_any_weight_moves():
@@ -270,3 +294,91 @@ def test_an_imported_snapshot_fine_tunes_on_new_data(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed {workdir}/checkpoints/ckpt-0" in proc.stderr, proc.stderr[-3000:]
     assert os.path.exists(workdir / "checkpoints" / "ckpt-2.index")
+
+
+def _torch_like(monkeypatch, offset, size, stride, count=4):
+    """A pickle in torch's own format, written without torch: fake `torch` modules whose
+    globals pickle under torch's names. One float32 storage of `count` elements, one
+    tensor view of it (offset, size, stride)."""
+    import sys
+    import types
+    mods = {n: types.ModuleType(n) for n in ("torch", "torch._utils", "torch.storage")}
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    class FloatStorage:
+        pass
+
+    def _load_from_bytes(b):
+        return b
+
+    def _rebuild_tensor_v2(*args):
+        return args
+
+    for mod, obj in ((mods["torch"], FloatStorage), (mods["torch.storage"], _load_from_bytes),
+                     (mods["torch._utils"], _rebuild_tensor_v2)):
+        obj.__module__, obj.__qualname__ = mod.__name__, obj.__name__
+        setattr(mod, obj.__name__, obj)
+
+    class Inner(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", FloatStorage, "k0", "cpu", count, None) if obj == "S" else None
+
+    buf = io.BytesIO()
+    for item in (torch_pickle.LEGACY_MAGIC, torch_pickle.LEGACY_PROTOCOL,
+                 {"protocol_version": 1001, "little_endian": True}):
+        pickle.dump(item, buf, protocol=2)
+    Inner(buf, protocol=2).dump("S")
+    pickle.dump(["k0"], buf, protocol=2)
+    buf.write(np.array([count], "<i8").tobytes() + np.arange(count, dtype="<f4").tobytes())
+
+    class Tensor:
+        def __reduce__(self):
+            return (_rebuild_tensor_v2, (Storage(), offset, size, stride, False, None))
+
+    class Storage:
+        def __reduce__(self):
+            return (_load_from_bytes, (buf.getvalue(),))
+
+    return pickle.dumps({"t": Tensor()}, protocol=4)
+
+
+
+
+
+@pytest.mark.parametrize("offset, size, stride, ok", [
+    (1, (3,), (1,), True),            # Inside: elements 1..3.
+    (0, (2, 2), (1, 2), True),        # A transposed 2x2 view.
+    (0, (4096,), (1,), False),        # Past the storage: would read the heap.
+    (0, (2,), (1 << 40,), False),     # A stride far outside (crashed the process).
+    (-1, (2,), (1,), False),
+])
+def test_tensor_views_must_lie_inside_their_storage(tmp_path, monkeypatch, offset, size,
+                                                    stride, ok):
+    path = tmp_path / "t.pkl"
+    path.write_bytes(_torch_like(monkeypatch, offset, size, stride))
+    if ok:
+        got = torch_pickle.load(str(path))["t"]
+        want = np.lib.stride_tricks.as_strided(np.arange(4, dtype=np.float32)[offset:], size,
+                                               tuple(4 * s for s in stride))
+        np.testing.assert_array_equal(got, want)
+    else:
+        with pytest.raises(torch_pickle.PickleRefused, match="outside its storage"):
+            torch_pickle.load(str(path))
+
+
+def test_object_arrays_and_an_existing_neighbour_are_safe(tmp_path):
+    # numpy's reconstructors are allowed (numbers in a snapshot's state); arrays of
+    # Python objects are not. And an import stages beside the workdir in a directory of
+    # its own: a neighbour named like it survives.
+    path = tmp_path / "o.pkl"
+    path.write_bytes(pickle.dumps(np.array([1, "a"], dtype=object)))
+    with pytest.raises(torch_pickle.PickleRefused, match="holds Python objects"):
+        torch_pickle.load(str(path))
+    neighbour = tmp_path / "run.importing"
+    neighbour.mkdir()
+    (neighbour / "keep.txt").write_text("keep")
+    imp.import_snapshot(os.path.join(FIXTURES, "stylegan2_official_orig.pkl"),
+                        str(tmp_path / "run"), preset="cifar")
+    assert (neighbour / "keep.txt").read_text() == "keep"
+    assert sorted(os.listdir(tmp_path)) == ["o.pkl", "run", "run.importing"]

@@ -322,6 +322,20 @@ def test_grouped_convolutions_split_in_whole_groups_only(monkeypatch):
     # device would need a part of a group's kernel and all of its input channels).
     on_four = layouts.plan((g, d), {"batch": 1, "model": 4})
     assert not any(any(on_four[p]) for p in grouped), on_four
+    # Overrides are held to the same rules: output channels only, whole groups only; a
+    # depthwise kernel (D's basis) not at all.
+    path = sorted(grouped)[0]
+    for spec, dims, words in [("-,-,model,-", MODEL2, "output channels"),
+                              ("-,-,-,model", {"batch": 1, "model": 4}, "whole groups"),
+                              ("-,-,-,model", MODEL2, None)]:
+        plan = lambda: layouts.plan((g, d), dims, overrides=((re.escape(path), spec),))  # noqa
+        if words is None:
+            assert plan()[path] == (None, None, None, "model")
+        else:
+            with pytest.raises(errors.ConfigError, match=words):
+                plan()
+    with pytest.raises(errors.ConfigError, match="DepthwiseConv2D kernel cannot be split"):
+        layouts.plan((g, d), MODEL2, overrides=(("d4_basis", "-,-,model,-"),))
 
 
 @pytest.mark.parametrize("k, strides, padding, multiplier", [
@@ -348,3 +362,23 @@ def test_depthwise_convolution_by_taps_equals_keras(k, strides, padding, multipl
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
     for a, b in zip(tape.gradient(got, [x, layer.kernel]), tape.gradient(want, [x, layer.kernel])):
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5)
+
+
+def test_layers_switched_to_taps_keep_their_bias_and_activation():
+    # conv.use_depthwise_taps / use_taps on a layer instance (what layouts.shard does on a
+    # mesh), against an identical twin left alone.
+    import keras
+
+    from tf_gan_scale.layers.grouped_conv import GroupedConv2D
+    from tf_gan_scale.parallel import conv
+    x = tf.constant(np.random.default_rng(2).standard_normal((2, 5, 5, 4)), tf.float32)
+    for make, install in (
+            (lambda: keras.layers.DepthwiseConv2D(3, padding="same", activation="relu",
+                                                  bias_initializer="random_normal"),
+             conv.use_depthwise_taps),
+            (lambda: GroupedConv2D(6, groups=2, implementation="einsum"), conv.use_taps)):
+        plain, tapped = make(), make()
+        plain(x), tapped(x)
+        tapped.set_weights(plain.get_weights())
+        install(tapped)
+        np.testing.assert_allclose(tapped(x).numpy(), plain(x).numpy(), atol=1e-5)

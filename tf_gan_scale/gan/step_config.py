@@ -297,9 +297,15 @@ class StepConfig:
                for f in dataclasses.fields(self)
                if engine not in f.metadata["engines"] and self.is_on(f.name)]
         # A paired loss runs where a penalty does, R1 + R2 in D's pass with it (the
-        # penalty knob's engines: a pipeline refuses both).
-        if self.paired and engine not in NOT_PIPELINED:
-            out.append(f"config.train.loss={saved_name(self.loss, losses.LOSSES)!r} "
+        # penalty knob's engines: a pipeline refuses both). Beyond replicas, what the
+        # equivalence tests ran: one D update per step, R1 + R2 by double backprop.
+        tested = engine == "replicas" or (engine in NOT_PIPELINED and self.d_steps == 1)
+        if self.paired and not tested:
+            steps = f" with d_steps={self.d_steps}" if self.d_steps > 1 else ""
+            out.append(f"config.train.loss={saved_name(self.loss, losses.LOSSES)!r}{steps} "
+                       f"({UNTESTED})")
+        if self.penalty_fd_sigma and engine != "replicas":
+            out.append(f"config.train.penalty_fd_sigma={self.penalty_fd_sigma!r} "
                        f"({UNTESTED})")
         # A DiffAugment policy runs anywhere, ADA's pipes on replicas and meshes.
         if self.augment in ADA_PIPES and engine not in ("replicas", "mesh"):

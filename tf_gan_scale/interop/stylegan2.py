@@ -22,6 +22,7 @@ that filter, and any other is refused.
 import os
 import re
 import shutil
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -224,9 +225,9 @@ def import_snapshot(path, workdir, preset="paper256", data_source=None, freezed=
     if pipe is not None and getattr(gan, "ada_p", None) is not None:
         p = float(np.asarray(torch_pickle.state_dict(pipe)["p"]))
         gan.ada_p.assign(p)
-    staging = workdir.rstrip("/") + ".importing"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    parent = os.path.dirname(os.path.abspath(workdir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".import-", dir=parent)  # Its own, beside workdir.
     try:
         record.write(staging, config, shape, num_classes=classes)
         manager = checkpoints.Manager(tf.train.Checkpoint(**gan.checkpoint_items()),

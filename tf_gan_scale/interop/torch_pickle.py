@@ -98,6 +98,11 @@ class EasyDict(dict):
         self.update(state or {})
 
 
+class _Storage(np.ndarray):
+    """A storage read by `_load_from_bytes` (1-D, a STORAGE_DTYPES dtype): the only thing
+    `_rebuild_tensor_v2` views."""
+
+
 def _storage_kind(name):
     def kind():
         raise PickleRefused(f"torch.{name} called")
@@ -124,18 +129,38 @@ def _load_from_bytes(data):
         dtype = np.dtype(STORAGE_DTYPES[inner.storages[key]]).newbyteorder("<")
         arrays[key] = np.frombuffer(f.read(count * dtype.itemsize), dtype, count)
     (key,) = inner.storages  # One storage per _load_from_bytes.
-    return arrays[key]
+    return arrays[key].view(_Storage)
 
 
 def _rebuild_tensor_v2(storage, offset, size, stride, *unused):
-    """A tensor view of `storage` -> a numpy array of its own (C order)."""
+    """A tensor view of `storage` -> a numpy array of its own (C order). The view must lie
+    inside the storage: a crafted offset, size or stride would read other memory."""
     del unused
-    if not isinstance(storage, np.ndarray):
-        raise PickleRefused(f"a tensor whose storage is a {type(storage).__name__}")
+    if not isinstance(storage, _Storage):
+        raise PickleRefused(f"a tensor whose storage is a {type(storage).__name__}; valid: "
+                            f"a storage of torch.storage._load_from_bytes")
+    size, stride = tuple(size), tuple(stride)
+    numbers = (offset,) + size + stride
+    if (len(size) != len(stride) or not all(type(n) is int and n >= 0 for n in numbers)
+            or (all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride))
+                >= storage.size)):
+        raise PickleRefused(f"a tensor view (offset {offset}, size {size}, stride {stride}) "
+                            f"outside its storage of {storage.size} elements")
+    if not all(size):
+        return np.zeros(size, storage.dtype)
     item = storage.itemsize
-    view = np.lib.stride_tricks.as_strided(storage[offset:], tuple(size),
+    base = np.asarray(storage)
+    view = np.lib.stride_tricks.as_strided(base[offset:], size,
                                            tuple(s * item for s in stride), writeable=False)
     return np.array(view)
+
+
+def _dtype(*args, **kwargs):
+    """numpy.dtype, without object dtypes (arrays of pointers)."""
+    dtype = np.dtype(*args, **kwargs)
+    if dtype.hasobject:
+        raise PickleRefused(f"a numpy dtype {dtype} that holds Python objects")
+    return dtype
 
 
 def _rebuild_parameter(data, *unused):
@@ -166,7 +191,7 @@ ALLOWED = {
     ("numpy.core.multiarray", "scalar"): _MULTIARRAY.scalar,
     ("numpy._core.multiarray", "scalar"): _MULTIARRAY.scalar,
     ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
+    ("numpy", "dtype"): _dtype,
 }
 
 
@@ -222,7 +247,8 @@ def load(path):
             return _Outer(f).load()
         except PickleRefused:
             raise
-        except (pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError) as e:
+        except (pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError,
+                AttributeError, IndexError, MemoryError, OverflowError) as e:
             raise PickleRefused(f"{path} is not a readable pickle ({type(e).__name__}: "
                                 f"{e}); valid: a network-snapshot-XXXXXX.pkl of "
                                 f"StyleGAN2-ADA") from None

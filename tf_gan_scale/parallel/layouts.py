@@ -159,8 +159,8 @@ def plan(models, dims, overrides=()):
             for w in layer.weights:
                 spec = rule(layer, w, m) if (rule and m > 1) else None
                 weights[weight_path(model, w)] = (w, spec)
-            if isinstance(layer, CONSTRAIN_INPUT):
-                kernels[weight_path(model, layer.kernel)] = layer
+            if isinstance(layer, CONSTRAIN_INPUT + (GroupedConv2D, keras.layers.DepthwiseConv2D)):
+                kernels[weight_path(model, layer.kernel)] = layer  # Overrides checked.
         for layer in model._flatten_layers(include_self=False, recursive=True):
             if isinstance(layer, SynthesisLayer):  # Not a leaf (it owns its affine).
                 path = weight_path(model, layer.kernel)
@@ -228,6 +228,12 @@ def _check(path, shape, spec, dims, layer=None):
             raise errors.ConfigError(
                 f"layout {format_spec(spec)!r} for {path}: dimension {i} of size {size} is "
                 f"not divisible by {axis}={dims[axis]}; layouts that fit: {fits}")
+        if isinstance(layer, GroupedConv2D) and layer.groups % dims[axis]:
+            raise errors.ConfigError(
+                f"layout {format_spec(spec)!r} for {path}: a GroupedConv2D splits in whole "
+                f"groups, and its {layer.groups} groups are not divisible by "
+                f"{axis}={dims[axis]}; valid: replicated, or a mesh whose {axis} axis "
+                f"divides {layer.groups}")
 
 
 # Where DTensor's layout propagation goes wrong, activations are constrained back to

@@ -210,7 +210,8 @@ class MeshTrainer:
 
     def _step(self, batches, penalty_due, phases_due=()):
         """One GAN step (traced by _step_fn): GanStep.train on the global batch, with
-        batches a tuple of d_steps {"x": [GB, ...], "label": [GB]} DTensors and
+        batches a tuple of StepConfig.batches_per_step {"x": [GB, ...], "label": [GB]}
+        DTensors (one per D update, then G's reals with a paired loss) and
         penalty_due None or a tuple of d_steps Python bools (a lazy penalty's schedule,
         decided on the host: DTensor cannot run its cond; one trace per pattern).
         phases_due: with lazy phases, a Python bool per phase of
