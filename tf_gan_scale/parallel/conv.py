@@ -93,20 +93,26 @@ def conv2d(x, kernel, strides, padding):
     Returns:
         [B, H_out, W_out, C_out].
     """
-    kh, kw = int(kernel.shape[0]), int(kernel.shape[1])
+    y = None
+    for i, j, patch in _windows(x, int(kernel.shape[0]), int(kernel.shape[1]), strides,
+                                padding):
+        tap = tf.einsum("bhwc,cd->bhwd", patch, kernel[i, j])
+        y = tap if y is None else y + tap
+    return y
+
+
+def _windows(x, kh, kw, strides, padding):
+    """[(i, j, patch)] of a kh x kw window over x [B, H, W, C] (static H, W): patch
+    [B, H_out, W_out, C] is the input each output position sees at tap (i, j), with
+    TensorFlow's "same" or "valid" padding (zeros)."""
     (sh, sw), (h, w) = strides, (int(x.shape[1]), int(x.shape[2]))
     if padding == "same":
         (ho, top, bottom), (wo, left, right) = _same_pads(h, kh, sh), _same_pads(w, kw, sw)
         x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
     else:
         ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-    y = None
-    for i in range(kh):
-        for j in range(kw):
-            patch = x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
-            tap = tf.einsum("bhwc,cd->bhwd", patch, kernel[i, j])
-            y = tap if y is None else y + tap
-    return y
+    return [(i, j, x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :])
+            for i in range(kh) for j in range(kw)]
 
 
 def _spread(t, s, axis):
@@ -229,19 +235,11 @@ def depthwise_conv2d(x, kernel, strides, padding):
         [B, H_out, W_out, C * M], channel c * M + m from input channel c (Keras' order).
     """
     kh, kw, c, m = (int(n) for n in kernel.shape)
-    (sh, sw), (h, w) = strides, (int(x.shape[1]), int(x.shape[2]))
-    if padding == "same":
-        (ho, top, bottom), (wo, left, right) = _same_pads(h, kh, sh), _same_pads(w, kw, sw)
-        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
-    else:
-        ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
     y = None
-    for i in range(kh):
-        for j in range(kw):
-            patch = x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
-            tap = patch[..., None] * kernel[i, j]  # [B, ho, wo, C, M]
-            y = tap if y is None else y + tap
-    return tf.reshape(y, [-1, ho, wo, c * m])
+    for i, j, patch in _windows(x, kh, kw, strides, padding):
+        tap = patch[..., None] * kernel[i, j]  # [B, ho, wo, C, M]
+        y = tap if y is None else y + tap
+    return tf.reshape(y, [-1, int(y.shape[1]), int(y.shape[2]), c * m])
 
 
 def use_depthwise_taps(layer):
