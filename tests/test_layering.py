@@ -27,7 +27,7 @@ TIERS = [
     ["tf_gan_scale.gan"],
     ["tf_gan_scale.distribute", "tf_gan_scale.parallel"],
     ["tf_gan_scale.training"],
-    ["tf_gan_scale.artifacts"],
+    ["tf_gan_scale.artifacts", "tf_gan_scale.interop"],
     ["tf_gan_scale.main", "tf_gan_scale"],
 ]
 # Imports of these inside a function need a comment saying why.
