@@ -18,7 +18,6 @@ step and fid): one `error:` line, exit 2.
 import json
 import os
 import sys
-import tempfile
 
 from absl import flags
 
@@ -69,6 +68,8 @@ def main(argv):
     runs = [(label, seconds, points(path)) for label, path, seconds in map(parse, FLAGS.run)]
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from tf_gan_scale.artifacts import plot
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
@@ -84,12 +85,7 @@ def main(argv):
     ax.set_title(FLAGS.title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    directory = os.path.dirname(os.path.abspath(FLAGS.output))
-    fd, tmp = tempfile.mkstemp(prefix=".curve-", suffix=".png", dir=directory)
-    with os.fdopen(fd, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary file, not the figure.
-    os.replace(tmp, FLAGS.output)
+    plot.write_png(fig, FLAGS.output)
     print(json.dumps({"output": FLAGS.output,
                       "runs": [{"label": label, "points": pts} for label, _, pts in runs]}))
     sys.stdout.flush()

@@ -135,6 +135,7 @@ def test_curves_draws_every_series_in_a_png_that_is_not_blank(run_dir, tmp_path)
     output.parent.mkdir()
     output.write_bytes(b"an older plot")  # Overwriting a plot is fine.
     result = plot.curves(str(run_dir), str(output))
+    assert output.stat().st_mode & 0o777 == 0o644  # plot.write_png: not mkstemp's 0600.
     fid = [f"fid [{A}, 100 samples]", f"fid [{B}, 200 samples]"]
     assert result == {
         "output": str(output), "steps": [3, 20],

@@ -24,6 +24,7 @@ def test_draws_every_run_and_reports_its_points(tmp_path):
     assert line["runs"] == [{"label": "DCGAN", "points": [[250, 90.0], [500, 40.0]]},
                             {"label": "R3GAN", "points": [[1000, 20.0]]}]
     assert Image.open(out).size == (700, 420)
+    assert out.stat().st_mode & 0o777 == 0o644  # A figure, not mkstemp's private 0600.
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -238,11 +238,19 @@ def _draw(panels, output):
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    write_png(fig, output)
+
+
+def write_png(fig, output):
+    """Saves the matplotlib figure `fig` as a PNG at `output`, atomically: a temporary
+    file beside it, readable as any file the user writes (0644, not mkstemp's 0600),
+    renamed over `output`; removed if anything fails."""
     directory = os.path.dirname(os.path.abspath(output))
     fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=100)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, output)
     except BaseException:
         os.unlink(tmp)
