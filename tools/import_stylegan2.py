@@ -9,9 +9,9 @@ official loader executes it; tf_gan_scale/interop/torch_pickle.py refuses any gl
 outside a closed list). The networks' config comes from the snapshot's init kwargs, the
 training recipe from --preset (configs.stylegan2), the data from --data_source. DIR (new
 or empty) then holds run.json and checkpoints/ckpt-0: G, D, G_ema as the EMA generator,
-ADA's p, fresh optimizers. tools/sample.py, evaluate.py and export.py read it as any
-run; `python -m tf_gan_scale.main --workdir=DIR --config=...` trains on from it (the
-config must equal the recorded one: run.json). Prints one JSON line: {"workdir", "step",
+ADA's p, fresh optimizers. tools/sample.py, evaluate.py, export.py and keras_file.py read
+it as any run; `python -m tf_gan_scale.main --config=experiments/recorded.py:DIR
+--workdir=DIR` trains on from it with the recorded config (run.json). Prints one JSON line: {"workdir", "step",
 "ada_p", "model", "data_shape", "num_classes"}. What the package cannot express (a 'skip'
 D, other resample filters, ...) is refused in one line naming it; nothing is written.
 """

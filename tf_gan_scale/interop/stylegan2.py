@@ -207,8 +207,8 @@ def import_snapshot(path, workdir, preset="paper256", data_source=None, freezed=
 
     Nothing is written unless all of it is: the run is assembled in a directory beside
     `workdir` and renamed onto it; a workdir that exists and is not empty is refused.
-    Returns {"workdir", "step", "config" (flat keys that differ from the preset's model
-    and data), "ada_p"}."""
+    Returns {"workdir", "step" (0), "ada_p" (None without an augment pipe), "model" (the
+    recorded config.model), "data_shape", "num_classes"}."""
     if os.path.isdir(workdir) and os.listdir(workdir):
         raise errors.ConfigError(f"--workdir={workdir} is not empty; valid: a new directory "
                                  f"(an import never writes over a run)")

@@ -173,15 +173,12 @@ def grouped_conv2d(x, kernel, groups):
         [B, H, W, C_out]; output channel o sees input group o // (C_out / groups).
     """
     k, cin_g, cout = int(kernel.shape[0]), int(kernel.shape[2]), int(kernel.shape[3])
-    h, w, r = int(x.shape[1]), int(x.shape[2]), k // 2
-    xp = tf.pad(x, [[0, 0], [r, r], [r, r], [0, 0]])
+    h, w = int(x.shape[1]), int(x.shape[2])
     y = None
-    for i in range(k):
-        for j in range(k):
-            patch = tf.reshape(xp[:, i:i + h, j:j + w, :], [-1, h, w, groups, cin_g])
-            tap = tf.einsum("bhwgc,cgo->bhwgo", patch,
-                            tf.reshape(kernel[i, j], [cin_g, groups, cout // groups]))
-            y = tap if y is None else y + tap
+    for i, j, patch in _windows(x, k, k, (1, 1), "same"):
+        tap = tf.einsum("bhwgc,cgo->bhwgo", tf.reshape(patch, [-1, h, w, groups, cin_g]),
+                        tf.reshape(kernel[i, j], [cin_g, groups, cout // groups]))
+        y = tap if y is None else y + tap
     return tf.reshape(y, [-1, h, w, cout])
 
 
